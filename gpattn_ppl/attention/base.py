@@ -1,0 +1,161 @@
+"""The attention-unit contract every method implements.
+
+An attention unit maps ``x: [B, N, C]`` and ``mask: [B, N]`` (True on real tokens) to
+``[B, N, C]``. Padded keys receive exactly zero weight; padded queries produce finite values that
+pooling ignores. Stochastic units draw one sample per call (training and evaluation) and return
+their posterior mean inside :func:`posterior_mean`. Extra objective terms are exposed by name
+through :meth:`AttentionUnit.objective_terms` -- a ``[B]`` tensor is a per-sequence (local) term,
+a 0-d tensor a global one -- and are weighted and placed by the Pyro program, never added to a
+loss by the unit itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+from torch import nn
+
+from .. import settings
+from ..infer.sites import sample_site
+
+__all__ = ["AttentionUnit", "posterior_mean", "check_attention_inputs", "MCDropout"]
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def posterior_mean(enabled: bool = True):
+    """Inside this block stochastic units return their posterior mean instead of a sample."""
+    old = getattr(_local, "mean", False)
+    _local.mean = enabled
+    try:
+        yield
+    finally:
+        _local.mean = old
+
+
+def _mean_mode() -> bool:
+    return getattr(_local, "mean", False)
+
+
+def check_attention_inputs(x: torch.Tensor, mask: torch.Tensor | None, dim: int, where: str
+                           ) -> torch.Tensor | None:
+    """Validate ``x: [B, N, C]`` and ``mask: [B, N]``; return the mask as bool.
+
+    :raises ValueError: wrong rank or width, mask shape or dtype, an all-padding row, NaN/inf.
+    """
+    where = where or type(x).__name__
+    if x.dim() != 3 or x.shape[-1] != dim:
+        raise ValueError(f"{where}: expected x of shape [B, N, {dim}], got {tuple(x.shape)}")
+    if mask is not None:
+        if mask.shape != x.shape[:2]:
+            raise ValueError(f"{where}: mask must have shape [B, N] = {tuple(x.shape[:2])}, "
+                             f"got {tuple(mask.shape)} (no broadcasting)")
+        if mask.dtype != torch.bool:
+            raise ValueError(f"{where}: mask must be a bool tensor (True = real token), "
+                             f"got {mask.dtype}")
+    if settings.validate_args.value():
+        if mask is not None:
+            empty = ~mask.any(-1)
+            if bool(empty.any()):
+                rows = empty.nonzero().flatten().tolist()[:5]
+                raise ValueError(f"{where}: all-padding sequence(s) at batch rows {rows}: "
+                                 "every sequence needs at least one real token")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{where}: input contains NaN or inf")
+    return mask
+
+
+class MCDropout(nn.Dropout):
+    """Dropout that stays active at evaluation when ``mc=True`` (Monte-Carlo dropout).
+
+    With ``mc=False`` it is ``nn.Dropout``. The model flag ``mc_dropout`` turns every instance in a
+    model into an MC one, which makes the model stochastic (T passes at evaluation).
+    """
+
+    def __init__(self, p: float = 0.0, mc: bool = False) -> None:
+        super().__init__(p)
+        self.mc = mc
+
+    @property
+    def active(self) -> bool:
+        return self.p > 0 and (self.training or self.mc)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(x, self.p, training=self.active)
+
+
+class AttentionUnit(nn.Module):
+    """Base class of all multi-head attention units.
+
+    :param dim: model width C.
+    :param heads: number of heads H; ``D = C / H``.
+    :param attn_dropout: dropout on attention weights (where the unit has weights).
+    :param proj_dropout: dropout after the output projection W_O.
+
+    Subclasses implement :meth:`attend` and set ``stochastic = True`` when they sample. The model
+    sets :attr:`site_prefix` to the unit's module path (``"blocks.1.attn"``), which names its
+    Pyro sites and its errors.
+    """
+
+    stochastic: bool = False
+
+    def __init__(self, dim: int, heads: int, *, attn_dropout: float = 0.0,
+                 proj_dropout: float = 0.0) -> None:
+        super().__init__()
+        if dim <= 0 or heads <= 0 or dim % heads:
+            raise ValueError(f"dim ({dim}) must be a positive multiple of heads ({heads})")
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.attn_dropout = MCDropout(attn_dropout)
+        self.proj_dropout = MCDropout(proj_dropout)
+        self.site_prefix = ""
+        self._terms: dict[str, torch.Tensor] = {}
+        self.last_distribution = None
+
+    # -- contract -----------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, N, C] -> [B, N, C]``; see the module docstring for the mask rules."""
+        mask = check_attention_inputs(x, mask, self.dim, self.site_prefix or type(self).__name__)
+        self._terms = {}
+        return self.attend(x, mask)
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def objective_terms(self) -> dict[str, torch.Tensor]:
+        """Named extra objective terms of the last call: ``[B]`` local or 0-d global, unscaled."""
+        return dict(self._terms)
+
+    @property
+    def use_mean(self) -> bool:
+        """Whether the unit should return its posterior mean (inside :func:`posterior_mean`)."""
+        return _mean_mode()
+
+    # -- helpers for subclasses ---------------------------------------------------------------
+    def split_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """``[B, N, C] -> [B, H, N, D]`` (head h owns columns h*D ... (h+1)*D - 1)."""
+        B, N, _ = t.shape
+        return t.view(B, N, self.heads, -1).transpose(1, 2)
+
+    def merge_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """``[B, H, N, D] -> [B, N, C]`` (head-major concatenation)."""
+        B, H, N, D = t.shape
+        return t.transpose(1, 2).reshape(B, N, H * D)
+
+    def add_term(self, name: str, value: torch.Tensor) -> None:
+        """Accumulate a named objective term (``[B]`` local or 0-d global)."""
+        self._terms[name] = self._terms[name] + value if name in self._terms else value
+
+    def sample(self, name: str, q, prior, *, local: bool) -> torch.Tensor:
+        """Draw Pyro site ``<site_prefix>.<name>``; its KL (thin mode) is added to the ``kl`` term.
+
+        Local KLs are summed to ``[B]``, global ones to a scalar.
+        """
+        value, kl = sample_site(f"{self.site_prefix}.{name}" if self.site_prefix else name,
+                                q, prior, local=local)
+        if kl is not None:
+            kl = kl.reshape(kl.shape[0], -1).sum(-1) if local else kl.sum()
+            self.add_term("kl", kl)
+        return value

@@ -1,0 +1,76 @@
+"""Kernel attention, symmetric (W_q = W_k) and asymmetric."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels import KERNELS, gram, log_gram, make_attention_kernel
+from .base import AttentionUnit
+from .registry import register_attention
+
+__all__ = ["KernelAttention"]
+
+
+@register_attention("kernel")
+class KernelAttention(AttentionUnit):
+    r"""Kernel attention :math:`V^+ = \mathcal K V` (CGPT eqs. 6-7; Tsai et al. 2019).
+
+    .. math::
+        \mathcal K_{ab} = \sigma_f^2\,\kappa(x_a W_q, x_b W_k), \qquad
+        V^+ = \begin{cases} \mathrm{diag}(\mathcal K \mathbf 1)^{-1}\mathcal K V & \text{normalize}\\
+        \mathcal K V & \text{otherwise}\end{cases}
+
+    ``symmetric=True`` ties :math:`W_q = W_k`, so :math:`\mathcal K` is a Gram matrix (the mean of
+    a GP); otherwise it is an asymmetric similarity. The normalised form is computed in log
+    space (a softmax of :math:`\log\mathcal K`), so it cannot overflow; the unnormalised form
+    (the papers') zeroes the padded key columns of :math:`\mathcal K`.
+
+    :param kernel: ``"exponential"`` (scaled dot product, text) or ``"rbf"`` (ARD, images); both
+        are gpytorch kernels with one hyperparameter set per head.
+    :param symmetric: tie the query and key projections.
+    :param normalize: row-normalise (default) or return the papers' unnormalised :math:`\mathcal K V`.
+
+    Cost O(N² D) time and O(N²) memory per (b, h).
+    """
+
+    def __init__(self, dim: int, heads: int, *, kernel: str = "exponential",
+                 symmetric: bool = False, normalize: bool = True, attn_dropout: float = 0.0,
+                 proj_dropout: float = 0.0) -> None:
+        super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel '{kernel}'; allowed: {', '.join(KERNELS)}")
+        self.symmetric, self.normalize, self.kernel_name = symmetric, normalize, kernel
+        self.n_proj = 2 if symmetric else 3
+        self.proj = nn.Linear(dim, self.n_proj * dim, bias=False)
+        self.kernel = make_attention_kernel(kernel, heads, self.head_dim)
+        self.out = nn.Linear(dim, dim)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-head queries, keys and values ``[B, H, N, D]`` (keys = queries if symmetric)."""
+        B, N, _ = x.shape
+        parts = self.proj(x).view(B, N, self.n_proj, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.symmetric:
+            return parts[0], parts[0], parts[1]
+        return parts[0], parts[1], parts[2]
+
+    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The (normalised or raw) attention matrix ``[B, H, N, N]``; pad columns are exactly 0."""
+        q, k, _ = self.project(x)
+        return self._matrix(q, k, mask)
+
+    def _matrix(self, q, k, mask):
+        if self.normalize:
+            logits = log_gram(self.kernel, q, k)
+            if mask is not None:
+                logits = logits.masked_fill(~mask[:, None, None, :], float("-inf"))
+            return torch.softmax(logits, dim=-1)
+        K = gram(self.kernel, q, k)
+        if mask is not None:
+            K = K.masked_fill(~mask[:, None, None, :], 0.0)
+        return K
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = self.project(x)
+        A = self.attn_dropout(self._matrix(q, k, mask))
+        return self.proj_dropout(self.out(self.merge_heads(A @ v)))

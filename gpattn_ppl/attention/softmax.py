@@ -1,0 +1,50 @@
+"""Scaled dot-product softmax attention (the MSP baseline)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import AttentionUnit
+from .registry import register_attention
+
+__all__ = ["SoftmaxAttention"]
+
+
+@register_attention("softmax")
+class SoftmaxAttention(AttentionUnit):
+    r"""Multi-head softmax attention.
+
+    .. math::
+        A = \mathrm{softmax}_{\text{row}}\big(Q K^\top / \sqrt{D} + M\big), \quad
+        \text{out} = \mathrm{concat}_h(A_h V_h)\, W_O
+
+    with :math:`M_{ab} = -\infty` on padded keys (CGPT eqs. 4-5). Runs through
+    :func:`torch.nn.functional.scaled_dot_product_attention` (fused kernels on GPU).
+
+    :param dim: C. :param heads: H.
+    :param attn_dropout: dropout on A (kept on at test under MC dropout).
+    :param proj_dropout: dropout after W_O.
+
+    Cost O(N² D) time per (b, h).
+
+    >>> att = SoftmaxAttention(dim=8, heads=2)
+    >>> att(torch.randn(3, 5, 8)).shape
+    torch.Size([3, 5, 8])
+    """
+
+    def __init__(self, dim: int, heads: int, *, attn_dropout: float = 0.0,
+                 proj_dropout: float = 0.0) -> None:
+        super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, N, _ = x.shape
+        # role-major split [B, N, 3, H, D] -> 3 x [B, H, N, D]
+        q, k, v = self.qkv(x).view(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        attn_mask = None if mask is None else mask[:, None, None, :]
+        p = self.attn_dropout.p if self.attn_dropout.active else 0.0
+        h = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
+        return self.proj_dropout(self.out(self.merge_heads(h)))

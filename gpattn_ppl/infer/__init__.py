@@ -1,0 +1,1 @@
+"""The Pyro program: model / guide, ELBO, trainer, schedules, prediction, checkpoints."""

@@ -1,0 +1,118 @@
+"""The model and guide of the Pyro program, assembled from the network's units."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.infer import TraceMeanField_ELBO
+from torch import nn
+
+from .objective import objective_schedules
+from .schedules import Schedule
+from .sites import SiteContext, site_context
+
+__all__ = ["PyroProgram"]
+
+
+class PyroProgram:
+    r"""Pyro ``model`` / ``guide`` for a classifier whose attention units may be stochastic.
+
+    * **model**: runs the network (units draw their sites, see :mod:`~gpattn_ppl.infer.sites`),
+      places every named objective term as a ``pyro.factor`` with its scheduled weight -- per
+      sequence terms inside ``pyro.plate("data", num_data, subsample=index)``, global ones
+      outside -- and observes ``y ~ Categorical(logits)`` in the plate. ``logits`` is recorded as
+      a deterministic site for :class:`pyro.infer.Predictive`.
+    * **guide**: empty in ``mode="thin"`` (units reparameterise internally and report their KL);
+      in ``mode="sites"`` it runs the network in the guide role so every variational site is a
+      Pyro sample site and the ELBO computes the KLs.
+
+    The ELBO is :class:`pyro.infer.TraceMeanField_ELBO`; :meth:`loss` returns the per-datum loss
+    :math:`-\mathrm{ELBO}/N_\text{data}`.
+
+    :param net: a :class:`~gpattn_ppl.models.TransformerClassifier`.
+    :param num_data: training-set size N_data (the plate size).
+    :param objective: the ``train.objective`` config section (weights of named terms).
+    :param mode: ``"thin"`` (default, fast) or ``"sites"``.
+    :param use_param_store: register the network with ``pyro.module`` (needed for plain
+        :class:`pyro.infer.SVI` with a Pyro optimiser; the trainer's torch optimiser does not need it).
+    """
+
+    def __init__(self, net: nn.Module, num_data: int, objective: dict | None = None,
+                 mode: str = "thin", use_param_store: bool = False,
+                 total_epochs: float | None = None) -> None:
+        if mode not in ("thin", "sites"):
+            raise ValueError(f"mode must be 'thin' or 'sites', got {mode!r}")
+        if num_data < 1:
+            raise ValueError(f"num_data must be >= 1, got {num_data}")
+        self.net, self.num_data, self.mode = net, int(num_data), mode
+        self.schedules: dict[str, Schedule] = objective_schedules(objective or {})
+        self.use_param_store = use_param_store
+        self.epoch, self.total_epochs = 0.0, total_epochs
+        self.elbo = TraceMeanField_ELBO()
+        self.last_terms: dict[str, torch.Tensor] = {}
+
+    # -- weights --------------------------------------------------------------------------------
+    def weight(self, site: str) -> float:
+        """Current weight of objective term ``site`` (``"blocks.1.attn.kl"`` -> schedule of ``kl``)."""
+        term = site.rsplit(".", 1)[-1]
+        if term not in self.schedules:
+            raise KeyError(f"objective term {site!r} has no registered weight; register it with "
+                           "gpattn_ppl.infer.objective.register_objective_term")
+        return self.schedules[term](self.epoch, self.total_epochs)
+
+    def _plate(self, batch_size: int, index: torch.Tensor | None):
+        if index is None:
+            return pyro.plate("data", batch_size)
+        return pyro.plate("data", self.num_data, subsample=index)
+
+    # -- Pyro program -------------------------------------------------------------------------
+    def model(self, x, mask=None, y=None, index=None):
+        """The generative program; returns logits ``[B, K]``."""
+        if self.use_param_store:
+            pyro.module("net", self.net)
+        plate = self._plate(x.shape[0], index)
+        with site_context(SiteContext(self.mode, "model", plate)):
+            logits = self.net(x, mask)
+        self.last_terms = {}
+        for name, value in self.net.objective_terms().items():
+            self.last_terms[name] = value.detach().mean()
+            w = self.weight(name)
+            if w == 0:
+                continue
+            if value.dim() == 0:
+                pyro.factor(name, -w * value)
+            else:
+                with plate:
+                    pyro.factor(name, -w * value)
+        with plate:
+            pyro.deterministic("logits", logits, event_dim=1)
+            pyro.sample("y", dist.Categorical(logits=logits), obs=y)
+        return logits
+
+    def guide(self, x, mask=None, y=None, index=None):
+        """Variational program: empty in thin mode; runs the units' guide sites otherwise."""
+        if self.use_param_store:
+            pyro.module("net", self.net)
+        if self.mode == "thin" or not self.net.stochastic:
+            return None
+        plate = self._plate(x.shape[0], index)
+        with site_context(SiteContext(self.mode, "guide", plate)):
+            self.net(x, mask)
+        return None
+
+    # -- objective ------------------------------------------------------------------------------
+    def loss(self, x, mask, y, index) -> torch.Tensor:
+        """Differentiable per-datum loss :math:`-\\mathrm{ELBO}/N_\\text{data}` on a minibatch."""
+        return self.elbo.differentiable_loss(self.model, self.guide, x, mask, y, index) / self.num_data
+
+    @contextlib.contextmanager
+    def at_epoch(self, t: float):
+        """Evaluate schedules at fractional epoch ``t`` inside the block."""
+        old, self.epoch = self.epoch, float(t)
+        try:
+            yield self
+        finally:
+            self.epoch = old

@@ -1,0 +1,8 @@
+"""gpytorch kernels used by the attention units."""
+
+from .ard_rbf import ARDRBFKernel
+from .attention_kernel import KERNELS, gram, log_gram, make_attention_kernel
+from .exponential_dot import ExponentialDotKernel
+
+__all__ = ["ARDRBFKernel", "ExponentialDotKernel", "KERNELS", "gram", "log_gram",
+           "make_attention_kernel"]

@@ -1,0 +1,113 @@
+"""Shared machinery of the text and image classifiers."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention.base import AttentionUnit, MCDropout
+from ..attention.registry import build_attention
+from ..layers import TransformerBlock
+
+__all__ = ["TransformerClassifier", "resolve_block_attention"]
+
+
+def resolve_block_attention(depth: int, attention: dict, overrides: list[dict] | None
+                            ) -> list[dict]:
+    """The attention spec of each block: the default, replaced by per-block overrides.
+
+    :param overrides: ``[{"blocks": [-1], "attention": {...}}, ...]``; negative indices count
+        from the end; later entries win.
+    :raises ValueError: a block index out of range (naming the override).
+    """
+    specs = [dict(attention) for _ in range(depth)]
+    for i, ov in enumerate(overrides or []):
+        for b in ov["blocks"]:
+            if not -depth <= b < depth:
+                raise ValueError(f"model.overrides[{i}].blocks: block index {b} out of range for "
+                                 f"depth {depth} (allowed {-depth}..{depth - 1})")
+            specs[b % depth] = dict(ov["attention"])
+    return specs
+
+
+class TransformerClassifier(nn.Module):
+    """Embedding -> L TransformerBlocks -> LayerNorm -> masked mean pool -> linear head.
+
+    Subclasses implement :meth:`embed` (``x -> ([B, N, C], mask)``).
+
+    :param attention: per-block attention specs ``{"kind": ..., **options}`` (length ``depth``)
+        or one spec for every block.
+    :param mc_dropout: keep every dropout active at evaluation (Monte-Carlo dropout baseline).
+    """
+
+    def __init__(self, *, num_classes: int, dim: int, depth: int, heads: int, mlp_dim: int,
+                 dropout: float, attention: dict | list[dict], mc_dropout: bool = False,
+                 attn_dropout: float | None = None) -> None:
+        super().__init__()
+        if depth < 1:
+            raise ValueError(f"model.depth must be >= 1, got {depth}")
+        specs = attention if isinstance(attention, list) else [attention] * depth
+        if len(specs) != depth:
+            raise ValueError(f"{len(specs)} attention specs for depth {depth}")
+        blocks = []
+        for i, spec in enumerate(specs):
+            spec = dict(spec)
+            kind = spec.pop("kind")
+            spec.setdefault("attn_dropout", dropout if attn_dropout is None else attn_dropout)
+            spec.setdefault("proj_dropout", dropout)
+            unit = build_attention(kind, dim, heads, where=f"model.blocks[{i}].attention", **spec)
+            blocks.append(TransformerBlock(unit, mlp_dim, dropout))
+        self.blocks = nn.ModuleList(blocks)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
+        self.num_classes, self.dim = num_classes, dim
+        self.emb_dropout = MCDropout(dropout)
+        for path, unit in self.attention_units().items():
+            unit.site_prefix = path
+        self.set_mc_dropout(mc_dropout)
+
+    # -- structure ----------------------------------------------------------------------------
+    def attention_units(self) -> dict[str, AttentionUnit]:
+        """Module path -> attention unit (``"blocks.1.attn"``)."""
+        return {n: m for n, m in self.named_modules() if isinstance(m, AttentionUnit)}
+
+    def set_mc_dropout(self, enabled: bool) -> None:
+        """Turn Monte-Carlo dropout on or off for every dropout in the model."""
+        self.mc_dropout = bool(enabled)
+        for m in self.modules():
+            if isinstance(m, MCDropout):
+                m.mc = self.mc_dropout
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether two evaluation passes can differ (a stochastic unit, or MC dropout)."""
+        mc = self.mc_dropout and any(m.p > 0 for m in self.modules() if isinstance(m, MCDropout))
+        return mc or any(u.stochastic for u in self.attention_units().values())
+
+    def objective_terms(self) -> dict[str, torch.Tensor]:
+        """All units' terms of the last forward pass, keyed ``"<path>.<term>"``."""
+        out = {}
+        for path, unit in self.attention_units().items():
+            for name, value in unit.objective_terms().items():
+                out[f"{path}.{name}"] = value
+        return out
+
+    # -- forward ------------------------------------------------------------------------------
+    def embed(self, x: torch.Tensor, mask: torch.Tensor | None):
+        raise NotImplementedError
+
+    def features(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Pooled representation ``[B, C]``."""
+        h, mask = self.embed(x, mask)
+        h = self.emb_dropout(h)
+        for block in self.blocks:
+            h = block(h, mask)
+        h = self.norm(h)
+        if mask is None:
+            return h.mean(1)
+        w = mask.unsqueeze(-1).to(h.dtype)
+        return (h * w).sum(1) / w.sum(1)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Class logits ``[B, K]``."""
+        return self.head(self.features(x, mask))

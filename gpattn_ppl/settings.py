@@ -1,0 +1,145 @@
+"""Numerical policy as context managers (the GPyTorch ``settings`` habit).
+
+Every numerical knob that is a *policy* rather than a model choice lives here, so call sites never
+hard-code a jitter or a dtype:
+
+* :class:`cholesky_jitter` -- the jitter added to a diagonal before a Cholesky, per dtype, and the
+  bounded number of escalations (x10 each) before :func:`gpattn_ppl.linalg.cholesky` gives up;
+* :class:`gp_dtype` -- the dtype GP linear algebra runs in (never lower than float32, even under
+  autocast);
+* :class:`num_mc_samples` -- the default number T of stochastic forward passes at test time;
+* :class:`validate_args` -- argument checks (shapes, masks, NaN) on or off. Checks that need a host
+  sync (``.any()`` on a device tensor) are skipped when this is off.
+
+>>> import torch
+>>> from gpattn_ppl import settings
+>>> with settings.cholesky_jitter(float32=1e-5):
+...     settings.cholesky_jitter.value(torch.float32)
+1e-05
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import ContextDecorator
+
+import torch
+
+__all__ = ["cholesky_jitter", "gp_dtype", "num_mc_samples", "validate_args"]
+
+_state = threading.local()
+
+
+def _get(name: str, default):
+    return getattr(_state, name, default)
+
+
+class _Setting(ContextDecorator):
+    """Base class: a thread-local value restored on exit."""
+
+    _name: str = ""
+    _default = None
+
+    def __init__(self, value) -> None:
+        self._new = value
+        self._old = None
+
+    @classmethod
+    def value(cls):
+        return _get(cls._name, cls._default)
+
+    def __enter__(self):
+        self._old = _get(self._name, self._default)
+        setattr(_state, self._name, self._new)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        setattr(_state, self._name, self._old)
+        return False
+
+
+class cholesky_jitter(ContextDecorator):
+    """Jitter added to the diagonal before a Cholesky factorisation, per dtype.
+
+    :param float32: first jitter tried for float32 matrices (default 1e-6).
+    :param float64: first jitter tried for float64 matrices (default 1e-8).
+    :param max_tries: how many times the jitter is multiplied by 10 after a failure (default 4).
+    """
+
+    _default = {torch.float32: 1e-6, torch.float64: 1e-8, "max_tries": 4}
+
+    def __init__(self, float32: float | None = None, float64: float | None = None,
+                 max_tries: int | None = None) -> None:
+        self._updates = {torch.float32: float32, torch.float64: float64, "max_tries": max_tries}
+        self._old = None
+
+    @classmethod
+    def _current(cls) -> dict:
+        return _get("cholesky_jitter", cls._default)
+
+    @classmethod
+    def value(cls, dtype: torch.dtype) -> float:
+        table = cls._current()
+        return table[dtype] if dtype in table else table[torch.float32]
+
+    @classmethod
+    def max_tries(cls) -> int:
+        return int(cls._current()["max_tries"])
+
+    def __enter__(self):
+        self._old = self._current()
+        new = dict(self._old)
+        new.update({k: v for k, v in self._updates.items() if v is not None})
+        _state.cholesky_jitter = new
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _state.cholesky_jitter = self._old
+        return False
+
+
+class gp_dtype(_Setting):
+    """Dtype of GP linear algebra (Cholesky, solves, KL). ``float32`` (default) or ``float64``.
+
+    Inputs in a lower precision (float16/bfloat16 under autocast) are promoted to this dtype.
+    """
+
+    _name = "gp_dtype"
+    _default = torch.float32
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"gp_dtype must be torch.float32 or torch.float64, got {dtype}")
+        super().__init__(dtype)
+
+    @classmethod
+    def resolve(cls, dtype: torch.dtype) -> torch.dtype:
+        """The dtype GP algebra on an input of ``dtype`` runs in: the wider of the two."""
+        if dtype == torch.float64:
+            return torch.float64
+        return cls.value()
+
+
+class num_mc_samples(_Setting):
+    """Default number T of stochastic forward passes at evaluation (default 10)."""
+
+    _name = "num_mc_samples"
+    _default = 10
+
+    def __init__(self, value: int) -> None:
+        if int(value) < 1:
+            raise ValueError(f"num_mc_samples must be >= 1, got {value}")
+        super().__init__(int(value))
+
+
+class validate_args(_Setting):
+    """Argument validation (shapes, masks, finiteness) on (default) or off.
+
+    Switch it off in tight loops on an accelerator: some checks synchronise with the host.
+    """
+
+    _name = "validate_args"
+    _default = True
+
+    def __init__(self, value: bool = True) -> None:
+        super().__init__(bool(value))

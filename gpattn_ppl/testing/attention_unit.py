@@ -1,0 +1,197 @@
+"""Public test mixin every attention unit inherits (the gpytorch ``test/`` habit).
+
+Subclass :class:`AttentionUnitTestCase` in a pytest module and implement :meth:`make_unit`; the
+dozen inherited checks then run on the new unit:
+
+>>> class TestMyUnit(AttentionUnitTestCase):        # doctest: +SKIP
+...     def make_unit(self, dim, heads):
+...         return MyAttention(dim=dim, heads=heads)
+
+Class attributes tune the checks: ``dim``/``heads``/``seq_len``, ``params_without_grad`` (names
+of parameters that legitimately get no gradient), ``token_permutation_equivariant``,
+``mean_atol``.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from ..attention.base import posterior_mean
+
+from ..infer.sites import SiteContext, site_context
+
+__all__ = ["AttentionUnitTestCase"]
+
+
+class AttentionUnitTestCase:
+    """Inherited checks of the attention-unit contract (DESIGN §3)."""
+
+    dim: int = 8
+    heads: int = 2
+    seq_len: int = 6
+    batch: int = 3
+    dtype: torch.dtype = torch.float64
+    params_without_grad: frozenset = frozenset()
+    token_permutation_equivariant: bool = True
+    #: atol of deterministic / posterior-mean comparisons (float64)
+    atol: float = 1e-8
+
+    def make_unit(self, dim: int, heads: int):
+        raise NotImplementedError
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _unit(self):
+        torch.manual_seed(0)
+        unit = self.make_unit(self.dim, self.heads).to(self.dtype)
+        unit.eval()
+        return unit
+
+    def _inputs(self, seed: int = 1):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(self.batch, self.seq_len, self.dim, generator=g, dtype=self.dtype)
+        mask = torch.ones(self.batch, self.seq_len, dtype=torch.bool)
+        mask[0, self.seq_len - 2:] = False
+        mask[-1, 1:] = False
+        return x, mask
+
+    def _call(self, unit, x, mask, seed: int = 0, mean: bool | None = None):
+        mean = unit.stochastic if mean is None else mean
+        torch.manual_seed(seed)
+        with posterior_mean(mean):
+            return unit(x, mask)
+
+    # -- checks -------------------------------------------------------------------------------
+    def test_output_shape_and_dtype(self):
+        unit = self._unit()
+        x, mask = self._inputs()
+        out = self._call(unit, x, mask, mean=False)
+        assert out.shape == x.shape and out.dtype == x.dtype
+        assert torch.isfinite(out).all()
+
+    def test_padding_invariance(self):
+        """Real tokens of a padded batch give the output of the unpadded sequence."""
+        unit = self._unit()
+        x, mask = self._inputs()
+        out = self._call(unit, x, mask)
+        n = int(mask[0].sum())
+        alone = self._call(unit, x[:1, :n], None)
+        torch.testing.assert_close(out[0, :n], alone[0], atol=self.atol, rtol=1e-6)
+
+    def test_pad_values_do_not_matter(self):
+        """Changing padded tokens changes nothing on real tokens (same seed, sample mode too)."""
+        unit = self._unit()
+        x, mask = self._inputs()
+        x2 = x.clone()
+        x2[~mask] = 100.0 * torch.randn_like(x2[~mask])
+        for mean in (True, False) if unit.stochastic else (False,):
+            a = self._call(unit, x, mask, seed=3, mean=mean)
+            b = self._call(unit, x2, mask, seed=3, mean=mean)
+            torch.testing.assert_close(a[mask], b[mask], atol=self.atol, rtol=1e-6)
+
+    def test_batch_permutation_equivariance(self):
+        unit = self._unit()
+        x, mask = self._inputs()
+        perm = torch.tensor([2, 0, 1])
+        a = self._call(unit, x, mask)[perm]
+        b = self._call(unit, x[perm], mask[perm])
+        torch.testing.assert_close(a[mask[perm]], b[mask[perm]], atol=self.atol, rtol=1e-6)
+
+    def test_token_permutation_equivariance(self):
+        if not self.token_permutation_equivariant:
+            pytest.skip("unit mixes tokens by position")
+        unit = self._unit()
+        x, _ = self._inputs()
+        perm = torch.randperm(self.seq_len, generator=torch.Generator().manual_seed(5))
+        a = self._call(unit, x, None)[:, perm]
+        b = self._call(unit, x[:, perm], None)
+        torch.testing.assert_close(a, b, atol=self.atol, rtol=1e-6)
+
+    def test_all_padding_row_raises(self):
+        unit = self._unit()
+        x, mask = self._inputs()
+        mask[1] = False
+        with pytest.raises(ValueError, match="all-padding"):
+            unit(x, mask)
+
+    def test_bad_inputs_raise(self):
+        unit = self._unit()
+        x, mask = self._inputs()
+        with pytest.raises(ValueError, match="shape"):
+            unit(x[..., :-1], mask)
+        with pytest.raises(ValueError, match="mask"):
+            unit(x, mask[:, :-1])
+        with pytest.raises(ValueError, match="bool"):
+            unit(x, mask.long())
+        bad = x.clone()
+        bad[0, 0, 0] = float("nan")
+        with pytest.raises(ValueError, match="NaN"):
+            unit(bad, mask)
+
+    def test_gradients_reach_every_parameter(self):
+        unit = self._unit()
+        unit.train()
+        x, mask = self._inputs()
+        torch.manual_seed(0)
+        out = unit(x, mask)
+        loss = (out[mask] ** 2).sum() + sum(v.sum() for v in unit.objective_terms().values())
+        loss.backward()
+        for name, p in unit.named_parameters():
+            if not p.requires_grad or name in self.params_without_grad:
+                continue
+            assert p.grad is not None, f"no gradient reaches {name}"
+            assert torch.isfinite(p.grad).all(), f"non-finite gradient for {name}"
+            assert p.grad.abs().sum() > 0, f"zero gradient for {name}"
+
+    def test_objective_terms_shapes(self):
+        unit = self._unit()
+        x, mask = self._inputs()
+        self._call(unit, x, mask, mean=False)
+        for name, value in unit.objective_terms().items():
+            assert value.dim() == 0 or value.shape == (self.batch,), (name, value.shape)
+            assert torch.isfinite(value).all(), name
+
+    def test_state_dict_round_trip(self):
+        unit = self._unit()
+        buf = io.BytesIO()
+        torch.save(unit.state_dict(), buf)
+        buf.seek(0)
+        torch.manual_seed(123)
+        other = self.make_unit(self.dim, self.heads).to(self.dtype).eval()
+        other.load_state_dict(torch.load(buf))
+        x, mask = self._inputs()
+        torch.testing.assert_close(self._call(unit, x, mask, seed=4, mean=False),
+                                   self._call(other, x, mask, seed=4, mean=False))
+
+    def test_seeded_reproducibility(self):
+        unit = self._unit()
+        x, mask = self._inputs()
+        a = self._call(unit, x, mask, seed=7, mean=False)
+        b = self._call(unit, x, mask, seed=7, mean=False)
+        torch.testing.assert_close(a, b)
+        if unit.stochastic:
+            c = self._call(unit, x, mask, seed=8, mean=False)
+            assert not torch.allclose(a[mask], c[mask]), "stochastic unit ignored the seed"
+
+    def test_pyro_sites_are_named_by_module_path(self):
+        """In ``sites`` mode every stochastic site is a Pyro sample site under ``site_prefix``."""
+        import pyro.poutine as poutine
+
+        unit = self._unit()
+        unit.site_prefix = "blocks.0.attn"
+        x, mask = self._inputs()
+        import pyro
+
+        plate = pyro.plate("data", 100, subsample=torch.arange(self.batch))
+        with site_context(SiteContext("sites", "guide", plate)):
+            tr = poutine.trace(lambda: unit(x, mask)).get_trace()
+        names = [n for n, s in tr.nodes.items() if s["type"] == "sample"]
+        if unit.stochastic:
+            assert names and all(n.startswith("blocks.0.attn.") for n in names), names
+        else:
+            assert names == []
+
+
+
