@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``gpattn-ppl`` console script.
+
+    :param argv: arguments (default: ``sys.argv[1:]``).
+    :returns: the exit status; 2 on a user error (bad config, missing file, ...), whose message
+        is printed to stderr.
+    """
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

@@ -145,7 +145,7 @@ def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str
             if (run_dir / "results.json").exists():
                 runs[method].append(json.loads((run_dir / "results.json").read_text()))
                 continue
-            key = json.dumps({**cfg["data"], "seed": seed}, sort_keys=True)
+            key = json.dumps(cfg["data"], sort_keys=True)
             if key not in bundles or not bundle_cache:
                 bundles = {key: load_bundle(cfg)}  # keep one bundle in memory at a time
             res = Trainer(cfg, run_dir, bundle=bundles[key]).fit()

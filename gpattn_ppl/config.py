@@ -55,6 +55,7 @@ SCHEMA: dict[str, Any] = {
         "max_len": _Opt(int, 64), "batch_size": _Opt(int, 32), "eval_batch_size": _Opt(int, 256),
         "cache_dir": _Opt((str, _NONE), None), "limit_train": _Opt((int, _NONE), None),
         "limit_eval": _Opt((int, _NONE), None),
+        "split_seed": _Opt(int, 0),
     },
     "train": {
         "epochs": _Opt(int, 50), "lr": _Opt(_NUM, 5e-4), "min_lr": _Opt(_NUM, 1e-5),

@@ -110,8 +110,11 @@ class AttentionUnit(nn.Module):
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
         self.attn_dropout = MCDropout(attn_dropout)
         self.proj_dropout = MCDropout(proj_dropout)
+        #: module path of the unit in its model (``"blocks.1.attn"``), set by the model; prefixes
+        #: the unit's Pyro site names and its error messages
         self.site_prefix = ""
         self._terms: dict[str, torch.Tensor] = {}
+        #: the predictive distribution of the last call, for units that have one (else ``None``)
         self.last_distribution = None
 
     # -- contract -----------------------------------------------------------------------------
@@ -122,6 +125,11 @@ class AttentionUnit(nn.Module):
         return self.attend(x, mask)
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The unit's computation ``[B, N, C] -> [B, N, C]``; subclasses implement it.
+
+        :meth:`forward` has validated ``x`` and ``mask`` (bool ``[B, N]`` or ``None``) and reset
+        the objective terms before calling it.
+        """
         raise NotImplementedError
 
     def objective_terms(self) -> dict[str, torch.Tensor]:
@@ -145,7 +153,20 @@ class AttentionUnit(nn.Module):
         return t.transpose(1, 2).reshape(B, N, H * D)
 
     def add_term(self, name: str, value: torch.Tensor) -> None:
-        """Accumulate a named objective term (``[B]`` local or 0-d global)."""
+        """Accumulate a named objective term (``[B]`` local or 0-d global).
+
+        Local and global parts of the same term are never summed together (a global term
+        broadcast over the batch would be counted once per sequence, i.e. N_data times): when
+        a term already holds the other kind, the global part is kept as ``<name>_global``. The
+        program weights ``<name>_global`` with the schedule of ``<name>``.
+        """
+        if value.dim() > 1:
+            raise ValueError(f"{self.site_prefix or type(self).__name__}: objective term "
+                             f"{name!r} must be [B] or 0-d, got shape {tuple(value.shape)}")
+        if name in self._terms and (self._terms[name].dim() == 0) != (value.dim() == 0):
+            if value.dim() != 0:  # keep the local part under the plain name
+                self._terms[name], value = value, self._terms[name]
+            name = f"{name}_global"
         self._terms[name] = self._terms[name] + value if name in self._terms else value
 
     def sample(self, name: str, q, prior, *, local: bool) -> torch.Tensor:

@@ -3,10 +3,13 @@ r"""sto-trans: Gumbel-softmax (relaxed one-hot) attention, and the temperature-s
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..distributions import SafeRelaxedOneHotCategorical
+from ..distributions import relaxed_one_hot as _roh
 from ..infer.schedules import Schedule, build_schedule
+from ..infer.sites import current_site_context
 from .base import AttentionUnit
 from .registry import register_attention
 
@@ -92,11 +95,17 @@ class GumbelAttention(_TemperatureScheduled, AttentionUnit):
     The prior is ``"same"`` (the paper: prior = guide, KL exactly 0, the objective is the
     likelihood under stochastic attention) or ``"uniform"`` (uniform Concrete over the real keys
     at the fixed ``prior_temperature``; the Monte-Carlo KL of padded-query rows is masked out and
-    the rest enters the ``kl`` term, weighted by ``train.objective.kl_weight``).
+    the rest enters the ``kl`` term, weighted by ``train.objective.kl_weight``). When nothing but
+    the output depends on the weights (thin mode with prior ``same`` and no straight-through, or
+    posterior-mean mode) the value attention runs fused through
+    :func:`~torch.nn.functional.scaled_dot_product_attention` with the Gumbel draw as an additive
+    mask: same draw, same output, no ``[B, H, N, N']`` weights tensor kept for backward.
 
     Inside :func:`~gpattn_ppl.attention.posterior_mean` the unit is deterministic and returns
     the attention at the modal noise :math:`g = 0`, :math:`\mathrm{softmax}(\ell/\tau)` (softmax
-    attention at scale :math:`1/\tau`); it is not the expectation of the sampled output.
+    attention at scale :math:`1/\tau`); it is not the expectation of the sampled output. The output
+    has no closed-form predictive distribution, so :attr:`last_distribution` stays ``None``;
+    uncertainty comes from T stochastic passes.
 
     :param dim: C. :param heads: H.
     :param temperature: :math:`\tau > 0` (IMDB 1 or 40, CoLA 1 in the paper).
@@ -150,8 +159,8 @@ class GumbelAttention(_TemperatureScheduled, AttentionUnit):
     def logits(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         r"""Attention logits :math:`\ell = q k^\top` ``[B, H, N, N']``, ``-inf`` on padded keys."""
         logits = q @ k.transpose(-1, -2)
-        if mask is not None:
-            logits = logits.masked_fill(~mask[:, None, None, :], _NEG_INF)
+        if mask is not None:        # in place: the matmul's backward does not need its output
+            logits.masked_fill_(~mask[:, None, None, :], _NEG_INF)
         return logits
 
     def attention_weights(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -184,8 +193,46 @@ class GumbelAttention(_TemperatureScheduled, AttentionUnit):
                 q, prior = q.mask(rows), prior.mask(rows)
         return self.sample(name, q, prior, local=True)
 
+    def _fused(self) -> bool:
+        """Whether the value attention may run fused (no weights tensor, no Pyro statement).
+
+        True in thin mode (or outside any program) with prior ``same`` and no straight-through,
+        and in ``posterior_mean`` mode: then nothing but the output depends on the weights.
+        """
+        if self.use_mean:
+            return True
+        ctx = current_site_context()
+        return (self.prior == "same" and not self.straight_through
+                and (ctx is None or ctx.mode == "thin"))
+
+    def _attend_values(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       mask: torch.Tensor | None) -> torch.Tensor:
+        r"""Head outputs :math:`\hat a v` ``[B, H, N, D]`` for keys ``k`` (eqs. 9-10 / 16-17).
+
+        Fused path (:meth:`_fused`): :func:`torch.nn.functional.scaled_dot_product_attention`
+        with scale :math:`1/\tau` and the additive float mask :math:`g/\tau` (``-inf`` on padded
+        keys), which is :math:`\mathrm{softmax}((q k^\top + g)/\tau)\,v` with the same Gumbel
+        draw (same shape, same RNG stream) as the site would make; the modal value
+        :math:`\mathrm{softmax}(q k^\top/\tau)\,v` in posterior-mean mode. Otherwise the weights
+        are materialised as the Pyro site ``weights``.
+        """
+        tau = self.temperature
+        p = self.attn_dropout.p if self.attn_dropout.active else 0.0
+        if self._fused():
+            if self.use_mean:
+                bias = None if mask is None else mask[:, None, None, :]
+            else:
+                B, H, N, _ = q.shape
+                bias = _roh.sample_gumbel((B, H, N, k.shape[-2]), dtype=q.dtype, device=q.device)
+                bias.div_(tau)
+                if mask is not None:
+                    bias.masked_fill_(~mask[:, None, None, :], _NEG_INF)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p,
+                                                  scale=1.0 / tau)
+        A = self._weights("weights", self.logits(q, k, mask), tau, mask)
+        return self.attn_dropout(A) @ v
+
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v = self.project(x)
-        A = self._weights("weights", self.logits(q, k, mask), self.temperature, mask)
-        h = self.attn_dropout(A) @ v
+        h = self._attend_values(q, k, v, mask)
         return self.proj_dropout(self.out(self.merge_heads(h)))

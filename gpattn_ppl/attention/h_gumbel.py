@@ -147,13 +147,19 @@ class HierarchicalGumbelAttention(GumbelAttention):
     # -- forward ------------------------------------------------------------------------------
     def centroid_logits(self, k: torch.Tensor) -> torch.Tensor:
         r"""Key-to-centroid logits :math:`k C` ``[B, H, N, c]`` (eq. 14)."""
-        return k @ self._centroids()
+        C = self._centroids()
+        if C.dim() == 2:            # shared C: one [B H N, D] x [D, c] GEMM (cheap backward)
+            return (k.reshape(-1, k.shape[-1]) @ C).view(*k.shape[:-1], C.shape[-1])
+        return k @ C
 
     def hierarchical_keys(self, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         r"""New keys :math:`\hat k = \hat a_c C^\top` ``[B, H, N, D]`` (eqs. 14-15), one draw."""
         a_c = self._weights("centroid_weights", self.centroid_logits(k),
                             self.centroid_temperature, mask, self.centroid_prior_temperature)
-        return a_c @ self._centroids().transpose(-1, -2)
+        C = self._centroids()
+        if C.dim() == 2:
+            return (a_c.reshape(-1, a_c.shape[-1]) @ C.T).view(*a_c.shape[:-1], C.shape[0])
+        return a_c @ C.transpose(-1, -2)
 
     def attention_weights(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """One draw (or the noise-free value) of the value attention ``[B, H, N, N']``."""
@@ -165,7 +171,5 @@ class HierarchicalGumbelAttention(GumbelAttention):
         if self.training and self.centroid_init == "kmeans" and bool(self.centroids_pending):
             self.init_centroids(x, mask)
         q, k, v = self.project(x)
-        k_hat = self.hierarchical_keys(k, mask)
-        A = self._weights("weights", self.logits(q, k_hat, mask), self.temperature, mask)
-        h = self.attn_dropout(A) @ v
+        h = self._attend_values(q, self.hierarchical_keys(k, mask), v, mask)
         return self.proj_dropout(self.out(self.merge_heads(h)))

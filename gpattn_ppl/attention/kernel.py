@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import KERNELS, gram, log_gram, make_attention_kernel
+from ..kernels import KERNELS, canonical_projection_init_, gram, log_gram, make_attention_kernel
 from .base import AttentionUnit
 from .registry import register_attention
 
@@ -27,7 +27,9 @@ class KernelAttention(AttentionUnit):
     (the papers') zeroes the padded key columns of :math:`\mathcal K`.
 
     :param kernel: ``"exponential"`` (scaled dot product, text) or ``"rbf"`` (ARD, images); both
-        are gpytorch kernels with one hyperparameter set per head.
+        are gpytorch kernels with one hyperparameter set per head. ``"canonical"``: CGPT's
+        parameter-free SE (the "Kernel (asym)/(sym)" baselines and the CGPT pre-training model);
+        its query/key projections start small (:func:`~gpattn_ppl.kernels.canonical_projection_init_`).
     :param symmetric: tie the query and key projections.
     :param normalize: row-normalise (default) or return the papers' unnormalised :math:`\mathcal K V`.
 
@@ -44,6 +46,8 @@ class KernelAttention(AttentionUnit):
         self.n_proj = 2 if symmetric else 3
         self.proj = nn.Linear(dim, self.n_proj * dim, bias=False)
         self.kernel = make_attention_kernel(kernel, heads, self.head_dim)
+        if kernel == "canonical":  # no lengthscale: start with informative distances (METHODS §1.2)
+            canonical_projection_init_(self.proj.weight[: (self.n_proj - 1) * dim], self.head_dim)
         self.out = nn.Linear(dim, dim)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -48,6 +48,8 @@ class PyroProgram:
         if num_data < 1:
             raise ValueError(f"num_data must be >= 1, got {num_data}")
         self.net, self.num_data, self.mode = net, int(num_data), mode
+        #: what the forward pass calls: the network, or its DistributedDataParallel wrapper
+        self.forward_module: nn.Module = net
         self.schedules: dict[str, Schedule] = objective_schedules(objective or {})
         self.use_param_store = use_param_store
         self.epoch, self.total_epochs = 0.0, total_epochs
@@ -57,7 +59,7 @@ class PyroProgram:
     # -- weights --------------------------------------------------------------------------------
     def weight(self, site: str) -> float:
         """Current weight of objective term ``site`` (``"blocks.1.attn.kl"`` -> schedule of ``kl``)."""
-        term = site.rsplit(".", 1)[-1]
+        term = site.rsplit(".", 1)[-1].removesuffix("_global")
         if term not in self.schedules:
             raise KeyError(f"objective term {site!r} has no registered weight; register it with "
                            "gpattn_ppl.infer.objective.register_objective_term")
@@ -75,7 +77,7 @@ class PyroProgram:
             pyro.module("net", self.net)
         plate = self._plate(x.shape[0], index)
         with site_context(SiteContext(self.mode, "model", plate)):
-            logits = self.net(x, mask)
+            logits = self.forward_module(x, mask)
         self.last_terms = {}
         for name, value in self.net.objective_terms().items():
             self.last_terms[name] = value.detach().mean()
@@ -100,7 +102,7 @@ class PyroProgram:
             return None
         plate = self._plate(x.shape[0], index)
         with site_context(SiteContext(self.mode, "guide", plate)):
-            self.net(x, mask)
+            self.forward_module(x, mask)
         return None
 
     # -- objective ------------------------------------------------------------------------------

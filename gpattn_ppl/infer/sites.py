@@ -64,6 +64,12 @@ def _kl(q: Distribution, p: Distribution, value: torch.Tensor) -> torch.Tensor:
         return q.log_prob(value) - p.log_prob(value)
 
 
+def _to_event(d: Distribution, n: int) -> Distribution:
+    """Reinterpret the rightmost ``n`` batch dims as event dims (Pyro's ``to_event`` for any
+    torch distribution)."""
+    return pyro.distributions.Independent(d, n) if n > 0 else d
+
+
 def sample_site(name: str, q: Distribution, prior: Distribution | None, *, local: bool
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Draw the value of site ``name`` and its KL contribution.
@@ -82,12 +88,11 @@ def sample_site(name: str, q: Distribution, prior: Distribution | None, *, local
     dist = q if (ctx.role == "guide" or prior is None) else prior
     if local:
         # local sites: batch shape [B, ...] -> fold everything but B into the event
-        extra = len(dist.batch_shape) - 1
-        dist = dist.to_event(extra) if extra > 0 else dist
+        dist = _to_event(dist, len(dist.batch_shape) - 1)
         plate = ctx.plate if ctx.plate is not None else contextlib.nullcontext()
         with plate:
             value = pyro.sample(name, dist)
     else:
-        dist = dist.to_event(len(dist.batch_shape)) if len(dist.batch_shape) else dist
+        dist = _to_event(dist, len(dist.batch_shape))
         value = pyro.sample(name, dist)
     return value, None

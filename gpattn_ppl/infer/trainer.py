@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import random
 import resource
 import time
@@ -26,8 +27,14 @@ import yaml
 
 from .. import settings
 from ..config import load_config
-from .checkpoint import (CheckpointError, init_from, load_checkpoint, rng_state, save_atomic,
-                         set_rng_state)
+from .checkpoint import (
+    CheckpointError,
+    init_from,
+    load_checkpoint,
+    rng_state,
+    save_atomic,
+    set_rng_state,
+)
 from .predictive import predict
 from .program import PyroProgram
 
@@ -35,11 +42,39 @@ __all__ = ["Trainer", "build_net", "evaluate_model", "evaluate_run", "load_bundl
            "seed_everything", "select_device"]
 
 
-def select_device(name: str = "auto") -> torch.device:
-    """``"auto"`` -> CUDA when available, else CPU; otherwise ``torch.device(name)``."""
+def select_device(name: str = "auto", rank: int = 0) -> torch.device:
+    """``"auto"`` -> CUDA when available (``cuda:LOCAL_RANK`` under torchrun), else CPU;
+    otherwise ``torch.device(name)``."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        return torch.device("cpu")
     return torch.device(name)
+
+
+def _init_distributed() -> tuple[int, int]:
+    """``(rank, world_size)``; joins the process group when launched by ``torchrun``.
+
+    Data parallelism (DDP): each rank trains on its shard of every epoch's permutation, gradients
+    are averaged by :class:`~torch.nn.parallel.DistributedDataParallel`, KL terms keep the global
+    ``N_data``, every rank evaluates the full validation set (identical results, so identical
+    checkpoint selection) and only rank 0 writes files.
+    """
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or not dist.is_available():
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
 
 
 def lr_lambda(schedule: str, total_steps: int, warmup_steps: int, min_ratio: float):
@@ -87,7 +122,8 @@ class Trainer:
                  bundle=None) -> None:
         self.cfg = load_config(config, overrides)
         self.run_dir = Path(run_dir)
-        self.device = select_device(self.cfg["train"]["device"])
+        self.rank, self.world = _init_distributed()
+        self.device = select_device(self.cfg["train"]["device"], self.rank)
         seed_everything(self.cfg["train"]["seed"])
         self.bundle = bundle if bundle is not None else load_bundle(self.cfg)
         self.net = build_net(self.cfg, self.bundle).to(self.device)
@@ -98,10 +134,16 @@ class Trainer:
         self.num_data = len(self.bundle.train)
         self.program = PyroProgram(self.net, self.num_data, t["objective"], mode=t["mode"],
                                    total_epochs=t["epochs"])
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.program.forward_module = DistributedDataParallel(self.net, device_ids=ids)
         params = [p for p in self.net.parameters() if p.requires_grad]
         opt_cls = torch.optim.AdamW if t["optimizer"] == "adamw" else torch.optim.Adam
         self.optimizer = opt_cls(params, lr=t["lr"], weight_decay=t["weight_decay"])
-        self.steps_per_epoch = math.ceil(self.num_data / self.cfg["data"]["batch_size"])
+        self.steps_per_epoch = math.ceil(math.ceil(self.num_data / self.world)
+                                         / self.cfg["data"]["batch_size"])
         total = self.steps_per_epoch * t["epochs"]
         warm = int(round(t["warmup_epochs"] * self.steps_per_epoch))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -157,9 +199,11 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         term_sums: dict[str, torch.Tensor] = {}
         n_steps = 0
-        for i, batch in enumerate(self.bundle.train.batches(bs, shuffle=True, generator=gen,
-                                                            train=True)):
-            b = batch.to(self.device)
+        # every rank draws the same permutation and takes its own shard of it
+        order = torch.randperm(self.num_data, generator=gen)[self.rank::self.world]
+        for i, start in enumerate(range(0, len(order), bs)):
+            b = self.bundle.train.batch(order[start:start + bs], train=True,
+                                        generator=gen).to(self.device)
             ep = self.epoch + i / self.steps_per_epoch
             self.program.epoch = ep
             self._set_epoch_hooks(ep)
@@ -189,8 +233,12 @@ class Trainer:
         from ..metrics import classification_report
 
         e = self.cfg["eval"]
-        pred = predict(self.program, self.bundle.val, num_samples=e["mc_samples"],
-                       batch_size=self.cfg["data"]["eval_batch_size"], device=self.device)
+        devices = [self.device] if self.device.type == "cuda" else []
+        # validation draws (MC passes, the sampled "y" site) must not move the training RNG
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.cfg["train"]["seed"] + 7919 * self.epoch)
+            pred = predict(self.program, self.bundle.val, num_samples=e["mc_samples"],
+                           batch_size=self.cfg["data"]["eval_batch_size"], device=self.device)
         return classification_report(pred["probs"], pred["labels"], logits=pred["logits"],
                                      metrics=["acc", "mcc", "nll", "ece", "brier"])
 
@@ -200,12 +248,14 @@ class Trainer:
 
         from ..metrics import HIGHER_IS_BETTER
 
-        self._write_static()
+        if self.rank == 0:
+            self._write_static()
+        _barrier(self.world)
         self.resume()
         t = self.cfg["train"]
         higher = HIGHER_IS_BETTER.get(self.select_metric, True)
         bar = tqdm(total=self.steps_per_epoch * t["epochs"], initial=self.steps_per_epoch * self.epoch,
-                   disable=not t["progress"], desc=str(self.run_dir.name), leave=False)
+                   disable=not t["progress"] or self.rank != 0, desc=str(self.run_dir.name), leave=False)
         try:
             while self.epoch < t["epochs"]:
                 start = time.perf_counter()
@@ -221,10 +271,13 @@ class Trainer:
                 self.epoch += 1
                 if better:
                     self.best = {"epoch": self.epoch, "score": score}
-                    save_atomic({"model": self.net.state_dict(), "epoch": self.epoch,
-                                 "config": self.cfg}, self.run_dir / "best.pt")
-                save_atomic(self._state(), self.run_dir / "last.pt")
-                self._write_logs()
+                    if self.rank == 0:
+                        save_atomic({"model": self.net.state_dict(), "epoch": self.epoch,
+                                     "config": self.cfg}, self.run_dir / "best.pt")
+                if self.rank == 0:
+                    save_atomic(self._state(), self.run_dir / "last.pt")
+                    self._write_logs()
+                _barrier(self.world)
                 bar.set_postfix(loss=f"{train_stats['loss']:.3f}",
                                 **{self.select_metric: f"{score:.3f}"})
         finally:
@@ -257,8 +310,9 @@ class Trainer:
             results["warm_start"] = {"source": self.warm_start["source"],
                                      "loaded": len(self.warm_start["loaded"])}
         preds = results.pop("_predictions")
-        torch.save(preds, self.run_dir / "predictions.pt")
-        (self.run_dir / "results.json").write_text(json.dumps(results, indent=1))
+        if self.rank == 0:
+            torch.save(preds, self.run_dir / "predictions.pt")
+            (self.run_dir / "results.json").write_text(json.dumps(results, indent=1))
         return results
 
 
@@ -275,8 +329,10 @@ def load_bundle(cfg: dict):
 
     d = cfg["data"]
     kw = {k: d[k] for k in ("protocol", "root", "cache_dir", "limit_train", "cr_root") if d[k] is not None}
+    # every random choice of the data (splits, limit_train subsets) follows data.split_seed, so
+    # runs that differ only in train.seed see identical data and vocabularies
     return load_data(d["name"], encoder=d["encoder"], max_len=d["max_len"],
-                     seed=cfg["train"]["seed"], **kw)
+                     seed=d["split_seed"], split_seed=d["split_seed"], **kw)
 
 
 def build_net(cfg: dict, bundle):

@@ -8,11 +8,12 @@ import torch
 from gpytorch.kernels import ScaleKernel
 
 from .ard_rbf import ARDRBFKernel
+from .canonical_se import CanonicalSEKernel
 from .exponential_dot import ExponentialDotKernel
 
 __all__ = ["KERNELS", "make_attention_kernel", "log_gram", "gram"]
 
-KERNELS = ("exponential", "rbf")
+KERNELS = ("exponential", "rbf", "canonical")
 
 
 def make_attention_kernel(name: str, heads: int, head_dim: int) -> ScaleKernel:
@@ -22,7 +23,8 @@ def make_attention_kernel(name: str, heads: int, head_dim: int) -> ScaleKernel:
     :math:`\log\kappa = q^\top k / \sqrt{D}` (scaled dot product at init); RBF:
     :math:`\ell_i = \sqrt{D}`, so squared distances enter on the same :math:`O(1)` scale.
 
-    :param name: ``"exponential"`` or ``"rbf"``.
+    :param name: ``"exponential"``, ``"rbf"`` or ``"canonical"`` (CGPT's parameter-free SE
+        :math:`\exp(-\tfrac12\lVert x - x'\rVert^2)`, amplitude fixed at 1).
     """
     batch = torch.Size([heads])
     if name == "exponential":
@@ -31,10 +33,14 @@ def make_attention_kernel(name: str, heads: int, head_dim: int) -> ScaleKernel:
     elif name == "rbf":
         base = ARDRBFKernel(ard_num_dims=head_dim, batch_shape=batch)
         base.lengthscale = torch.full((heads, 1, head_dim), math.sqrt(head_dim))
+    elif name == "canonical":  # CGPT's parameter-free SE: sigma_f^2 = 1 fixed, no lengthscale
+        base = CanonicalSEKernel(batch_shape=batch)
     else:
         raise ValueError(f"unknown kernel '{name}'; allowed: {', '.join(KERNELS)}")
     kernel = ScaleKernel(base, batch_shape=batch)
     kernel.outputscale = torch.ones(heads)
+    if name == "canonical":
+        kernel.raw_outputscale.requires_grad_(False)
     return kernel
 
 

@@ -94,6 +94,10 @@ class TransformerClassifier(nn.Module):
 
     # -- forward ------------------------------------------------------------------------------
     def embed(self, x: torch.Tensor, mask: torch.Tensor | None):
+        """Validate and embed the inputs: ``x -> (h [B, N, C], mask [B, N] bool or None)``.
+
+        Subclasses implement it.
+        """
         raise NotImplementedError
 
     def features(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

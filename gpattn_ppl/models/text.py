@@ -19,6 +19,7 @@ class TextClassifier(TransformerClassifier):
     keys get zero attention weight in every block and pooling averages real tokens only.
 
     :param max_len: longest sequence (number of learned positions).
+
     Other parameters: see :class:`~gpattn_ppl.models.classifier.TransformerClassifier`.
     """
 

@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from ..attention.base import posterior_mean
-
 from ..infer.sites import SiteContext, site_context
 
 __all__ = ["AttentionUnitTestCase"]
@@ -40,6 +39,7 @@ class AttentionUnitTestCase:
     atol: float = 1e-8
 
     def make_unit(self, dim: int, heads: int):
+        """The unit under test, of width ``dim`` with ``heads`` heads; subclasses implement it."""
         raise NotImplementedError
 
     # -- helpers ------------------------------------------------------------------------------
@@ -65,6 +65,7 @@ class AttentionUnitTestCase:
 
     # -- checks -------------------------------------------------------------------------------
     def test_output_shape_and_dtype(self):
+        """A sample has the input's shape ``[B, N, C]`` and dtype and is finite."""
         unit = self._unit()
         x, mask = self._inputs()
         out = self._call(unit, x, mask, mean=False)
@@ -92,6 +93,7 @@ class AttentionUnitTestCase:
             torch.testing.assert_close(a[mask], b[mask], atol=self.atol, rtol=1e-6)
 
     def test_batch_permutation_equivariance(self):
+        """Permuting the sequences of a batch permutes the outputs of the real tokens."""
         unit = self._unit()
         x, mask = self._inputs()
         perm = torch.tensor([2, 0, 1])
@@ -100,6 +102,8 @@ class AttentionUnitTestCase:
         torch.testing.assert_close(a[mask[perm]], b[mask[perm]], atol=self.atol, rtol=1e-6)
 
     def test_token_permutation_equivariance(self):
+        """Permuting the tokens permutes the outputs (skipped when
+        ``token_permutation_equivariant`` is False)."""
         if not self.token_permutation_equivariant:
             pytest.skip("unit mixes tokens by position")
         unit = self._unit()
@@ -110,6 +114,7 @@ class AttentionUnitTestCase:
         torch.testing.assert_close(a, b, atol=self.atol, rtol=1e-6)
 
     def test_all_padding_row_raises(self):
+        """A sequence without a real token raises ``ValueError`` mentioning all-padding."""
         unit = self._unit()
         x, mask = self._inputs()
         mask[1] = False
@@ -117,6 +122,7 @@ class AttentionUnitTestCase:
             unit(x, mask)
 
     def test_bad_inputs_raise(self):
+        """Wrong width, wrong mask shape, a non-bool mask and NaN inputs raise ``ValueError``."""
         unit = self._unit()
         x, mask = self._inputs()
         with pytest.raises(ValueError, match="shape"):
@@ -131,6 +137,7 @@ class AttentionUnitTestCase:
             unit(bad, mask)
 
     def test_gradients_reach_every_parameter(self):
+        """Finite, non-zero gradients reach every parameter (except ``params_without_grad``)."""
         unit = self._unit()
         unit.train()
         x, mask = self._inputs()
@@ -146,6 +153,7 @@ class AttentionUnitTestCase:
             assert p.grad.abs().sum() > 0, f"zero gradient for {name}"
 
     def test_objective_terms_shapes(self):
+        """Every objective term is finite and ``[B]`` (local) or 0-d (global)."""
         unit = self._unit()
         x, mask = self._inputs()
         self._call(unit, x, mask, mean=False)
@@ -154,6 +162,7 @@ class AttentionUnitTestCase:
             assert torch.isfinite(value).all(), name
 
     def test_state_dict_round_trip(self):
+        """A unit loaded from a saved state dict gives the same sample under the same seed."""
         unit = self._unit()
         buf = io.BytesIO()
         torch.save(unit.state_dict(), buf)
@@ -166,6 +175,7 @@ class AttentionUnitTestCase:
                                    self._call(other, x, mask, seed=4, mean=False))
 
     def test_seeded_reproducibility(self):
+        """The same seed gives the same output; a stochastic unit's output changes with the seed."""
         unit = self._unit()
         x, mask = self._inputs()
         a = self._call(unit, x, mask, seed=7, mean=False)
@@ -187,7 +197,7 @@ class AttentionUnitTestCase:
         plate = pyro.plate("data", 100, subsample=torch.arange(self.batch))
         with site_context(SiteContext("sites", "guide", plate)):
             tr = poutine.trace(lambda: unit(x, mask)).get_trace()
-        names = [n for n, s in tr.nodes.items() if s["type"] == "sample"]
+        names = [n for n, s in tr.nodes.items() if s["type"] == "sample" and n != "data"]
         if unit.stochastic:
             assert names and all(n.startswith("blocks.0.attn.") for n in names), names
         else:

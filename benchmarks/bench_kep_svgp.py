@@ -1,0 +1,143 @@
+"""Per-layer forward + backward time of KEP-SVGP attention against softmax, and its scaling in N.
+
+Setting of issue 3: B = 32, N = 64, C = 128, H = 4, s = 10 (target: add merge at most 1.2x our
+softmax layer), then time against N in {64, 256, 1024, 4096} with the log-log slope (target at
+most 1.15 for the add merge; softmax is O(N^2)). The machine may be shared, so the units of the
+ratio are timed in interleaved rounds (softmax, then each unit, ``--repeats`` steps each) and the
+reported ratio is the median over rounds of the per-round ratio of medians. Each step is
+``unit(x, mask)`` -> ``mean(out^2) + sum(terms)`` -> ``backward`` in train mode (one u draw per
+sequence, KL and KSVD terms included). Writes JSON into ``benchmarks/results/``; nothing here is
+asserted by tests.
+
+    python benchmarks/bench_kep_svgp.py               # full setting (~5-10 min on one core)
+    python benchmarks/bench_kep_svgp.py --smoke       # tiny sizes (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+from gpattn_ppl.attention import build_attention
+from gpattn_ppl.benchmarking import loglog_slope, time_fn, write_json
+
+
+def _specs(s: int, N: int) -> list[dict]:
+    return [
+        {"kind": "kep_svgp", "rank": s, "merge": "add"},
+        {"kind": "kep_svgp", "rank": s, "merge": "add", "u_draws": "batch"},
+        {"kind": "kep_svgp", "rank": s, "merge": "concat_features"},
+        {"kind": "kep_svgp", "rank": s, "merge": "concat", "seq_len": N, "token_mixing": "low_rank"},
+        {"kind": "kep_svgp", "rank": s, "merge": "concat", "seq_len": N, "token_mixing": "dense"},
+    ]
+
+
+def _step_fn(unit, x, mask):
+    def step():
+        out = unit(x, mask)
+        loss = out.square().mean() + sum(v.sum() for v in unit.objective_terms().values())
+        loss.backward()
+        unit.zero_grad(set_to_none=True)
+        x.grad = None
+
+    return step
+
+
+def _build(spec: dict, C: int, H: int, device):
+    opts = {k: v for k, v in spec.items() if k != "kind"}
+    return build_attention(spec["kind"], C, H, **opts).to(device).train()
+
+
+def _inputs(B: int, N: int, C: int, device):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, N, C, generator=g).to(device).requires_grad_(True)
+    return x, torch.ones(B, N, dtype=torch.bool, device=device)
+
+
+def ratio_table(a, device) -> dict:
+    x, mask = _inputs(a.B, a.N, a.C, device)
+    specs = [{"kind": "softmax"}] + _specs(a.s, a.N)
+    torch.manual_seed(0)
+    steps = [_step_fn(_build(spec, a.C, a.H, device), x, mask) for spec in specs]
+    times = [[] for _ in specs]
+    for _ in range(a.rounds):
+        for i, step in enumerate(steps):
+            times[i].append(time_fn(step, repeats=a.repeats, warmup=2, device=device)["median_s"])
+    rows = []
+    for spec, ts in zip(specs, times):
+        ratios = [t / b for t, b in zip(ts, times[0])]
+        rows.append({"kind": spec["kind"], "options": {k: v for k, v in spec.items() if k != "kind"},
+                     "median_s": statistics.median(ts), "round_medians_s": ts,
+                     "ratio_to_softmax": statistics.median(ratios)})
+    return {"B": a.B, "N": a.N, "C": a.C, "H": a.H, "s": a.s, "rounds": a.rounds,
+            "repeats": a.repeats, "layers": rows}
+
+
+def scaling_table(a, device) -> dict:
+    out = {}
+    for name, spec in (("kep_svgp_add", {"kind": "kep_svgp", "rank": a.s, "merge": "add"}),
+                       ("kep_svgp_concat_features",
+                        {"kind": "kep_svgp", "rank": a.s, "merge": "concat_features"}),
+                       ("softmax", {"kind": "softmax"})):
+        ns = [n for n in a.scaling_ns if name != "softmax" or n <= a.softmax_max_n]
+        times, mins = [], []
+        for n in ns:
+            torch.manual_seed(0)
+            x, mask = _inputs(a.B, n, a.C, device)
+            unit = _build(spec, a.C, a.H, device)
+            reps = max(3, min(a.repeats, int(a.repeats * 256 / n)))
+            t = time_fn(_step_fn(unit, x, mask), repeats=reps, warmup=1, device=device)
+            times.append(t["median_s"])
+            mins.append(t["min_s"])
+            del unit, x, mask
+        half = len(ns) // 2
+        out[name] = {"N": ns, "median_s": times, "min_s": mins,
+                     "loglog_slope": loglog_slope(ns, times) if len(ns) > 1 else None,
+                     "loglog_slope_min": loglog_slope(ns, mins) if len(ns) > 1 else None,
+                     "loglog_slope_upper_half": (loglog_slope(ns[half:], times[half:])
+                                                 if len(ns) > 3 else None)}
+    return {"B": a.B, "C": a.C, "H": a.H, "s": a.s, "series": out}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--B", type=int, default=32)
+    p.add_argument("--N", type=int, default=64)
+    p.add_argument("--C", type=int, default=128)
+    p.add_argument("--H", type=int, default=4)
+    p.add_argument("--s", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--scaling-ns", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    p.add_argument("--softmax-max-n", type=int, default=1024,
+                   help="largest N timed for the softmax series (its memory is O(B H N^2))")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1 keeps timings stable on a shared machine)")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--out", default="benchmarks/results/kep_svgp.json")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.B, a.N, a.C, a.H, a.s, a.rounds, a.repeats = 2, 8, 16, 2, 3, 1, 2
+        a.scaling_ns, a.softmax_max_n = [8, 16], 16
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    res = {"ratio": ratio_table(a, device), "scaling": scaling_table(a, device),
+           "targets": {"ratio_add_max": 1.2, "loglog_slope_add_max": 1.15}, "smoke": a.smoke}
+    path = write_json(res, a.out)
+    for r in res["ratio"]["layers"]:
+        print(f"{r['kind']:10s} {r['options']} median {r['median_s'] * 1e3:8.2f} ms  "
+              f"ratio {r['ratio_to_softmax']:.3f}")
+    for name, ser in res["scaling"]["series"].items():
+        print(f"{name:26s} N={ser['N']} median_s={ser['median_s']} slope {ser['loglog_slope']:.3f} "
+              f"(on min times {ser['loglog_slope_min']:.3f})")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

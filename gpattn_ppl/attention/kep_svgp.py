@@ -1,0 +1,212 @@
+"""KEP-SVGP attention: two SVGPs on the kernel-eigen pair of the asymmetric attention kernel."""
+
+from __future__ import annotations
+
+import math
+
+import pyro.poutine as poutine
+import torch
+from torch import nn
+
+from .. import settings
+from ..features.kernel_eigen import FEATURE_MAPS, KernelEigenFeatures
+from ..infer.sites import current_site_context
+from ..linalg import gp_precision
+from ..variational.kernel_eigen_pair_strategy import KernelEigenPairStrategy
+from .base import AttentionUnit
+from .registry import register_attention
+
+__all__ = ["KEPSVGPAttention"]
+
+MERGES = ("add", "concat", "concat_features")
+TOKEN_MIXINGS = ("dense", "low_rank")
+U_DRAWS = ("sequence", "batch")
+
+
+@register_attention("kep_svgp")
+class KEPSVGPAttention(AttentionUnit):
+    r"""KEP-SVGP self-attention (Chen et al., ICML 2024, eqs. 10-21).
+
+    Per head, the KSVD projections :math:`E, R \in \mathbb R^{N\times s}` of
+    :class:`~gpattn_ppl.features.KernelEigenFeatures` feed the SVGP pair of
+    :class:`~gpattn_ppl.variational.KernelEigenPairStrategy`. Function values are drawn by
+    reparameterisation *through u* (eq. 18 made precise), with the same :math:`U` for both
+    branches (eq. 17):
+
+    .. math::
+        u_d = m_d + L_d\varepsilon_d,\ \varepsilon_d\sim\mathcal N(0, I_s),\qquad
+        F^e = E\Lambda^{-1}U,\quad F^r = R\Lambda^{-1}U,\qquad U = [u_1 \dots u_s]
+
+    so each column has exactly the covariance :math:`P\Lambda^{-1}S_d\Lambda^{-1}P^\top`. Merge
+    (eq. 19) and output per head, then heads are concatenated and projected by :math:`W_O`:
+
+    .. math::
+        \texttt{add}:\ O_h = (F^e + F^r)W^{add}_h,\qquad
+        \texttt{concat}:\ O_h = W_1\begin{bmatrix}F^e\\ F^r\end{bmatrix}W_{2,h},\qquad
+        \texttt{concat\_features}:\ O_h = [F^e, F^r]\,W^{cat}_h
+
+    with :math:`W_1 \in \mathbb R^{N\times 2N}` dense, or :math:`W_1 = AB^\top`,
+    :math:`A\in\mathbb R^{N\times s}`, :math:`B\in\mathbb R^{2N\times s}` (App. D.2,
+    ``token_mixing="low_rank"``, linear in N), shared by the heads. Inside
+    :func:`~gpattn_ppl.attention.posterior_mean`, :math:`U = M` (the posterior mean).
+
+    **Sites and terms.** The inducing values are the Pyro site ``<site_prefix>.u`` (global: q(u)
+    and p(u) do not depend on the input). ``u_draws="sequence"`` (default, METHODS §3.2) draws an
+    independent :math:`U` per sequence -- an unbiased, lower-variance estimate of the same ELBO
+    with the global KL counted once: thin mode adds :math:`\sum_{h,d}\mathrm{KL}` (eq. 21) once
+    as the 0-d ``kl`` term; sites mode declares the site with batch ``[B, H, s]`` under
+    ``poutine.scale(1/B)``, so the ELBO's KL is again counted once. ``u_draws="batch"`` draws one
+    :math:`U` shared by the minibatch through a plain global site of batch ``[H, s]`` (thin and
+    sites identical). Inside :func:`posterior_mean` no site is drawn and the ``kl`` term is added
+    directly. ``ksvd_loss`` is the per-sequence ``[B]`` term of
+    :meth:`KernelEigenFeatures.ksvd_loss` (weight key ``ksvd_weight``).
+
+    **Masks.** Pad rows of E and R are zero, so pads have F = 0, take no part in the KSVD sums
+    and never reach real tokens (add and concat_features are token-wise; concat mixes only the
+    zeroed pad rows).
+
+    :attr:`last_distribution` (built on access): add -- the MVN of :math:`F` (batch ``[B, H, s]``,
+    event ``N``, rank-s root covariance); concat modes -- the pair ``(q(F^e), q(F^r))``. Pad tokens
+    have exactly zero variance (gpytorch's ``.variance`` clamps it to its ``min_variance`` with a
+    warning; read ``lazy_covariance_matrix.diagonal()`` for the raw values).
+
+    :param dim: C. :param heads: H.
+    :param rank: s, kernel-eigen features (= GP outputs) per head.
+    :param merge: ``"add"`` (any N, the text setting), ``"concat"`` (fixed N, the image
+        setting; needs ``seq_len``), or ``"concat_features"`` [ours; any N].
+    :param feature_map: ``"cosine"`` (paper) or ``"linear"``.
+    :param u_draws: ``"sequence"`` (default) or ``"batch"``, see above.
+    :param seq_len: N for ``merge="concat"``.
+    :param token_mixing: ``"dense"`` (:math:`W_1`, paper default) or ``"low_rank"`` (:math:`AB^\top`).
+    :param attn_dropout: accepted for a uniform interface; KEP-SVGP has no attention weights, so
+        it is unused.
+    :param proj_dropout: dropout after :math:`W_O`.
+
+    Cost per (b, h): O(N D s + N s²) for add / concat_features and concat with ``low_rank``;
+    O(N² s) for dense concat; KL O(s³) per head, batch-free. Linear in N except dense concat.
+
+    >>> att = KEPSVGPAttention(8, 2, rank=3)
+    >>> att(torch.randn(4, 5, 8)).shape, sorted(att.objective_terms())
+    (torch.Size([4, 5, 8]), ['kl', 'ksvd_loss'])
+    """
+
+    stochastic = True
+
+    def __init__(self, dim: int, heads: int, *, rank: int = 5, merge: str = "add",
+                 feature_map: str = "cosine", u_draws: str = "sequence",
+                 seq_len: int | None = None, token_mixing: str = "dense",
+                 attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
+        super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
+        if merge not in MERGES:
+            raise ValueError(f"unknown merge {merge!r}; allowed: {', '.join(MERGES)}")
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f"unknown feature_map {feature_map!r}; allowed: {', '.join(FEATURE_MAPS)}")
+        if u_draws not in U_DRAWS:
+            raise ValueError(f"unknown u_draws {u_draws!r}; allowed: {', '.join(U_DRAWS)}")
+        if token_mixing not in TOKEN_MIXINGS:
+            raise ValueError(f"unknown token_mixing {token_mixing!r}; "
+                             f"allowed: {', '.join(TOKEN_MIXINGS)}")
+        if merge == "concat" and (seq_len is None or int(seq_len) < 1):
+            raise ValueError("merge='concat' mixes tokens with W_1 in R^{N x 2N} and needs a fixed "
+                             "seq_len (N); use merge='add' for variable-length inputs")
+        s, D = int(rank), self.head_dim
+        self.rank, self.merge, self.u_draws = s, merge, u_draws
+        self.seq_len, self.token_mixing = (None if seq_len is None else int(seq_len)), token_mixing
+        self.strategy = KernelEigenPairStrategy(
+            KernelEigenFeatures(dim, heads, s, feature_map=feature_map))
+        bound = 1.0 / math.sqrt(s)
+        if merge == "add":
+            self.W_add = nn.Parameter(torch.empty(heads, s, D).uniform_(-bound, bound))
+        elif merge == "concat_features":
+            self.W_cat = nn.Parameter(torch.empty(heads, 2 * s, D).uniform_(-bound / math.sqrt(2),
+                                                                          bound / math.sqrt(2)))
+        else:
+            N = self.seq_len
+            self.W_2 = nn.Parameter(torch.empty(heads, s, D).uniform_(-bound, bound))
+            if token_mixing == "dense":
+                b1 = 1.0 / math.sqrt(2 * N)
+                self.W_1 = nn.Parameter(torch.empty(N, 2 * N).uniform_(-b1, b1))
+            else:
+                # Var[(A B^T)_nm] = s * (1/s) * 1/(6N) = Var of U(-1/sqrt(2N), 1/sqrt(2N))
+                self.mix_A = nn.Parameter(torch.randn(N, s) / math.sqrt(s))
+                self.mix_B = nn.Parameter(torch.randn(2 * N, s) / math.sqrt(6 * N))
+        self.out = nn.Linear(dim, dim)
+
+    @property
+    def last_distribution(self):
+        """The posterior of the last call's GP outputs, built on access (see the class docstring).
+
+        Built lazily from the last call's projections and the *current* q(u), so the training fast
+        path constructs no distribution objects. ``None`` before the first call.
+        """
+        proj = getattr(self, "_last_projections", None)
+        if proj is None:
+            return None
+        return self.strategy.posterior(proj[0]) if len(proj) == 1 else self.strategy.forward(*proj)
+
+    @last_distribution.setter
+    def last_distribution(self, value) -> None:
+        if value is not None:
+            raise AttributeError("KEPSVGPAttention.last_distribution is derived from the last call")
+        self._last_projections = None
+
+    @property
+    def features(self) -> KernelEigenFeatures:
+        """The layer's :class:`~gpattn_ppl.features.KernelEigenFeatures`."""
+        return self.strategy.features
+
+    # -- inducing values ------------------------------------------------------------------------
+    def draw_u(self, batch: int) -> torch.Tensor:
+        r"""Draw :math:`U` (site ``u``): ``[B, H, s, s]`` per sequence or ``[H, s, s]`` per batch.
+
+        Adds the ``kl`` term where no Pyro site accounts for it (see the class docstring).
+        """
+        ctx = current_site_context()
+        if self.u_draws == "sequence" and (ctx is None or ctx.mode == "thin"):
+            self.add_term("kl", self.strategy.kl_divergence().sum())
+            return self.strategy.rsample_u(torch.Size([batch]))
+        q, p = self.strategy.variational_distribution, self.strategy.prior_distribution
+        if self.u_draws == "batch":
+            return self.sample("u", q, p, local=False)
+        shape = torch.Size([batch]) + q.batch_shape
+        with poutine.scale(scale=1.0 / batch):
+            return self.sample("u", q.expand(shape), p.expand(shape), local=False)
+
+    # -- forward --------------------------------------------------------------------------------
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, N, _ = x.shape
+        if self.merge == "concat" and N != self.seq_len:
+            raise ValueError(f"{self.site_prefix or type(self).__name__}: merge='concat' was built "
+                             f"for seq_len={self.seq_len}, got N={N}")
+        phi_q, phi_k = self.features.feature_maps(x)          # the O(N C^2) part: autocast ok
+        dtype = settings.gp_dtype.resolve(x.dtype)
+        with gp_precision(x.device.type):
+            E, R = self.features.project(phi_q.to(dtype), phi_k.to(dtype), mask)
+            self.add_term("ksvd_loss", self.features.ksvd_loss(E, R, mask))
+            self.strategy._clear_cache()
+            if self.use_mean:
+                u = self.strategy._variational_distribution.variational_mean
+                self.add_term("kl", self.strategy.kl_divergence().sum())
+            else:
+                u = self.draw_u(B)
+            if self.merge == "add":
+                P = E + R
+                self._last_projections = (P,)
+                F = self.strategy.function_values(P, u).to(x.dtype)           # [B, H, N, s]
+            else:
+                self._last_projections = (E, R)
+                Fe = self.strategy.function_values(E, u).to(x.dtype)
+                Fr = self.strategy.function_values(R, u).to(x.dtype)
+        if self.merge == "add":
+            O = torch.matmul(F, self.W_add)                                    # [B, H, N, D]
+        elif self.merge == "concat_features":
+            O = torch.matmul(torch.cat([Fe, Fr], -1), self.W_cat)
+        else:
+            O = torch.matmul(self._mix_tokens(torch.cat([Fe, Fr], -2)), self.W_2)
+        return self.proj_dropout(self.out(self.merge_heads(O)))
+
+    def _mix_tokens(self, F_cat: torch.Tensor) -> torch.Tensor:
+        """``W_1 F^cat``: ``[B, H, 2N, s] -> [B, H, N, s]``, dense or as ``A (B^T F^cat)``."""
+        if self.token_mixing == "dense":
+            return torch.matmul(self.W_1, F_cat)
+        return torch.matmul(self.mix_A, torch.matmul(self.mix_B.mT, F_cat))

@@ -1,0 +1,96 @@
+"""SCGPT: sparse correlated-GP attention with DTC (Bui et al., CGPT §4)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..variational.sparse_correlated_gp import SparseCorrelatedGP
+from .cgpt import _CorrelatedAttention
+from .registry import register_attention
+
+__all__ = ["SCGPTAttention"]
+
+
+@register_attention("scgpt")
+class SCGPTAttention(_CorrelatedAttention):
+    r"""Sparse correlated-GP attention (SCGPT, eqs. 30-35 and App. C-E), linear in N.
+
+    Per head, with learned inducing inputs :math:`s_m` (m points, query side) and :math:`s_l`
+    (l points, key side) in the canonical input space (see
+    :class:`~gpattn_ppl.variational.SparseCorrelatedGP`):
+
+    .. math::
+        \nu = K_{qm}\tilde B_m^{-1}K_{mo}K_{ol}\tilde B_l^{-1}K_{lk}V, \qquad
+        \Sigma_\text{post} = \sigma^2 I + RR^\top,\ R \in \mathbb R^{N\times m},
+
+    output :math:`= \mathrm{concat}_h(z_q)\,W_O` with one joint sample
+    :math:`\nu + \sigma E_1 + RE_2` per (b, h) (Pyro site ``<path>.z``, KL 0) or :math:`\nu`
+    inside :func:`~gpattn_ppl.attention.posterior_mean`. :attr:`last_distribution` is the
+    low-rank :class:`~gpattn_ppl.variational.TokenNormal` of the last sampling call.
+
+    In training mode the unit exposes ``cgp_loss`` ``[B]``: minus the sparse CGP bound of
+    App. E summed over heads and columns (weight ``train.objective.cgp_alpha``).
+
+    **Inducing inputs** are global per head (``inducing_m: [H, m, D]``, ``inducing_l: [H, l, D]``).
+    With ``inducing_init="data"`` (default) they are set on the first training call from random
+    real latent inputs (m) and keys (l) of that batch -- also after a warm start, since a
+    kernel-attention checkpoint has no inducing inputs; ``"random"`` keeps the Gaussian init.
+
+    :param num_inducing: m (paper: 16 on CIFAR; [ref]: 5 on CoLA).
+    :param num_inducing_keys: l (default m).
+    :param noise: the DTC noise σ (paper: 0.1 on images, 0.5 on CoLA).
+    :param per_head_scales: one (σ_q, σ_k) per head instead of one shared pair.
+    :param latent: ``"free"`` or ``"key_offset"`` (see :class:`CGPTAttention`).
+    :param k_o: ``"exact"`` (regulariser's K_o term O(N² m)) or ``"nystrom"`` (all O(N κ²)).
+    :param inducing_init: ``"data"`` or ``"random"``.
+    :param cgp_loss: ``"jensen"`` (App. E bound, closed form) or ``"none"``.
+    :param attn_dropout: accepted for the common interface; unused.
+
+    Cost per (b, h): O(N κ (κ + D) + κ³) for the mean and a sample (κ = max(m, l)), memory
+    O(N κ); the regulariser adds O(N² m) with ``k_o="exact"``.
+
+    >>> att = SCGPTAttention(dim=8, heads=2, num_inducing=3)
+    >>> att(torch.randn(3, 5, 8)).shape
+    torch.Size([3, 5, 8])
+    """
+
+    LOSSES = ("jensen", "none")
+
+    def __init__(self, dim: int, heads: int, *, num_inducing: int = 16,
+                 num_inducing_keys: int | None = None, noise: float = 0.1,
+                 per_head_scales: bool = False, latent: str = "free", k_o: str = "exact",
+                 inducing_init: str = "data", cgp_loss: str = "jensen",
+                 attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
+        super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
+        if cgp_loss not in self.LOSSES:
+            raise ValueError(f"cgp_loss must be one of {', '.join(self.LOSSES)}, got {cgp_loss!r}")
+        if inducing_init not in ("data", "random"):
+            raise ValueError(f"inducing_init must be 'data' or 'random', got {inducing_init!r}")
+        self.cgp_loss, self.inducing_init = cgp_loss, inducing_init
+        self._init_projections(latent)
+        self.gp = SparseCorrelatedGP(heads, self.head_dim, num_inducing=num_inducing,
+                                     num_inducing_keys=num_inducing_keys, noise=noise,
+                                     per_head_scales=per_head_scales, k_o=k_o)
+        self._inducing_ready: bool | None = None  # host-side mirror of the buffer
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._inducing_ready = None  # re-read gp.inducing_initialized after any load
+        return super()._load_from_state_dict(*args, **kwargs)
+
+    def _maybe_init_inducing(self, x_o, k, mask) -> None:
+        if self.inducing_init != "data" or not self.training:
+            return
+        if self._inducing_ready is None:
+            self._inducing_ready = bool(self.gp.inducing_initialized)
+        if not self._inducing_ready:
+            self.gp.init_inducing_(x_o, k, mask)
+            self._inducing_ready = True
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v, x_o = self.project(x)
+        self._maybe_init_inducing(x_o, k, mask)
+        t = self.gp.terms(q, k, x_o, mask, where=self.site_prefix)
+        out, nu = self._emit(self.gp, t, v, x)
+        if self.training and self.cgp_loss != "none":
+            self.add_term("cgp_loss", -self.gp.lower_bound(t, nu, v).to(x.dtype))
+        return out

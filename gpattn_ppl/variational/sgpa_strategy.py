@@ -1,0 +1,448 @@
+r"""SGPA variational strategies: standard (keys as inducing inputs) and orthogonally decoupled.
+
+Both are GPyTorch modules in the strategy sense of STYLE.md -- they hold the kernel and the
+variational parameters and map them to :math:`q(u)`, its prior and :math:`q(f)` -- but the
+inducing inputs change with every sequence, so neither subclasses gpytorch's
+``_VariationalStrategy`` (whose inducing points are fixed and whose memo caches would go stale,
+METHODS §3.2) and nothing is memoised. The GP algebra of one call is computed once by
+``prepare`` and handed around as a small state object; the attention unit draws the Pyro sites
+in between (:class:`~gpattn_ppl.attention.sgpa.SGPAttention`).
+
+Notation (METHODS §0, §1.3-1.4; derivation in ``docs/derivations/sgpa.rst``): per batch element
+b, head h and output channel c = 1..D an independent GP :math:`f_c` on the head's key space
+with kernel :math:`\kappa` (``[H]``-batched gpytorch kernel); tokens ``[B, H, N, D]``; masks
+``[B, N]`` (True = real token). Padded tokens are removed by the block trick: pad rows/columns
+of every kernel matrix are zeroed and 1 is put on the pad diagonal of every matrix that is
+factorised, pad rows of values are zeroed -- the real block is then the computation on the
+unpadded sequence and pads contribute exactly nothing (to the KL either).
+
+Inducing values are **whitened**: :math:`u = L u_w` with :math:`L L^\top = K_{uu} + \epsilon I`,
+prior :math:`u_w \sim \mathcal N(0, I)` (:class:`StandardNormalMVN`, with an O(n²) KL
+registered against any multivariate normal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gpytorch
+import pyro.distributions as pdist
+import torch
+from gpytorch.kernels import ScaleKernel
+from linear_operator.operators import DenseLinearOperator, MatmulLinearOperator, RootLinearOperator
+from torch import nn
+from torch.distributions import MultivariateNormal as TorchMVN
+from torch.distributions import register_kl
+
+from .. import settings
+from ..features.inducing_keys import GlobalInducingKeys
+from ..kernels import gram
+from ..linalg import cholesky, triangular_solve
+
+__all__ = ["SGPAStrategy", "DecoupledSGPAStrategy", "StandardNormalMVN", "SGPAState",
+           "DecoupledSGPAState", "free_cholesky", "block_mask"]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def free_cholesky(raw: torch.Tensor) -> torch.Tensor:
+    r"""Lower-triangular factor with positive diagonal from an unconstrained square tensor.
+
+    .. math:: R = \mathrm{tril}(\text{raw}, -1) + \mathrm{diag}(\exp \mathrm{diag}\,\text{raw})
+
+    ``raw = 0`` gives :math:`R = I`. The strict upper triangle of ``raw`` is unused.
+    """
+    return torch.tril(raw, -1) + torch.diag_embed(raw.diagonal(dim1=-2, dim2=-1).exp())
+
+
+def block_mask(A: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    r"""The block trick: zero pad rows/columns of ``A: [B, H, N, N]`` and put 1 on the pad diagonal.
+
+    .. math:: \tilde A = A \odot (m m^\top) + \mathrm{diag}(1 - m)
+
+    Padded tokens then decouple from real ones in any factorisation, solve or determinant.
+    """
+    if mask is None:
+        return A
+    m = mask[:, None, :].to(A.dtype)                                  # [B, 1, N]
+    pair = m.unsqueeze(-1) * m.unsqueeze(-2)                           # [B, 1, N, N]
+    return A * pair + torch.diag_embed(1.0 - m)
+
+
+def _mask_rows(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Zero the pad token rows of ``t: [B, H, N, *]``."""
+    if mask is None:
+        return t
+    return t.masked_fill(~mask[:, None, :, None], 0.0)
+
+
+class StandardNormalMVN(pdist.MultivariateNormal):
+    r"""The whitened prior :math:`\mathcal N(0, I_n)` as a (Pyro) multivariate normal.
+
+    Its KL against any multivariate normal :math:`q = \mathcal N(m, R R^\top)` is registered in
+    closed form at O(n²) per batch element (torch's generic MVN-MVN KL would solve a triangular
+    system against the identity, O(n³)):
+
+    .. math:: \mathrm{KL}(q\,\|\,p) = \tfrac12\big[\|R\|_F^2 + \|m\|^2 - n\big] - \sum_i \log R_{ii}
+
+    Build it with :meth:`like` so that its batch shape equals that of ``q`` (Pyro requires the
+    guide and model sites to agree exactly).
+    """
+
+    @classmethod
+    def like(cls, q: TorchMVN) -> StandardNormalMVN:
+        """``N(0, I)`` with the batch and event shape, dtype and device of ``q``."""
+        n = q.event_shape[0]
+        loc = torch.zeros((), dtype=q.loc.dtype, device=q.loc.device).expand(q.loc.shape)
+        eye = torch.eye(n, dtype=q.loc.dtype, device=q.loc.device)
+        return cls(loc, scale_tril=eye, validate_args=False)
+
+
+@register_kl(TorchMVN, StandardNormalMVN)
+def _kl_mvn_standard_normal(q: TorchMVN, p: StandardNormalMVN) -> torch.Tensor:
+    R = q._unbroadcasted_scale_tril
+    n = q.event_shape[0]
+    half_logdet = R.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    trace = R.square().sum((-2, -1))
+    maha = (q.loc - p.loc).square().sum(-1)
+    kl = 0.5 * (trace + maha - n) - half_logdet
+    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+
+
+# -- standard SGPA ---------------------------------------------------------------------------------
+@dataclass
+class SGPAState:
+    r"""The GP algebra of one standard-SGPA call (all in the GP dtype, pads block-masked).
+
+    :ivar k: inducing inputs (keys) ``[B, H, N, D]``, pad rows 0.
+    :ivar v: values ``[B, H, N, D]``, pad rows 0.
+    :ivar K: :math:`K_{kk}` ``[B, H, N, N]`` (block-masked, no jitter).
+    :ivar L: lower Cholesky factor of :math:`K_{kk} + \epsilon I` ``[B, H, N, N]``.
+    :ivar m_w: whitened variational mean ``[B, H, N, D]``.
+    :ivar R: whitened covariance root :math:`\tilde S = R R^\top` ``[B|1, H, N, N]``.
+    :ivar mask: ``[B, N]`` or ``None``.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    K: torch.Tensor
+    L: torch.Tensor
+    m_w: torch.Tensor
+    R: torch.Tensor
+    mask: torch.Tensor | None
+
+
+class SGPAStrategy(gpytorch.Module):
+    r"""Standard SGPA [ours, METHODS §1.3]: the keys of the sequence are the inducing inputs.
+
+    Per head and channel c, with :math:`K = \kappa(k, k)` (n x n, n real tokens) and
+    :math:`L = \mathrm{chol}(K + \epsilon I)`:
+
+    .. math::
+        q(u_{w,c}) = \mathcal N(m_{w,c}, \tilde S), \quad \tilde S = R R^\top, \quad
+        u_c = L u_{w,c}, \qquad
+        m_{w,c} = \begin{cases} L^\top v_c & \text{dual (default): } \mathbb E\,u_c = L L^\top v_c
+        \approx K v_c \\ L^{-1} v_c & \text{direct: } \mathbb E\,u_c = v_c\end{cases}
+
+    with :math:`R` the leading n x n block of one free lower-triangular ``[N_max, N_max]`` factor
+    per head (shared by the D channels; exp-diagonal; identity init). At query inputs
+    :math:`x_q` (whitened SVGP conditional, :math:`A = L^{-1} K_{kq}`):
+
+    .. math::
+        q(f_c(x_q)) = \mathcal N\big(A^\top m_{w,c},\;
+            K_{qq} - A^\top A + A^\top \tilde S A\big)
+
+    which is :math:`\mathcal N(K_{qk}K_{kk}^{-1} m_{u,c},\, K_{qq} - K_{qk}K_{kk}^{-1}K_{kq} +
+    K_{qk}K_{kk}^{-1} S_u K_{kk}^{-1}K_{kq})` with :math:`S_u = L\tilde S L^\top`. The attention
+    unit ties queries to keys (:math:`x_q = k`), where :math:`A = L^\top` up to the jitter and
+    :math:`f = u = L u_w` exactly: mean :math:`L L^\top v` (unnormalised symmetric kernel
+    attention), covariance :math:`L\tilde S L^\top`. The KL per sequence, head and channel,
+
+    .. math::
+        \mathrm{KL}_c = \tfrac12\big[\mathrm{tr}\,\tilde S + \|m_{w,c}\|^2 - n - \log|\tilde S|\big]
+        = \mathrm{KL}\big(\mathcal N(L m_{w,c}, L\tilde SL^\top)\,\|\,\mathcal N(0, LL^\top)\big),
+
+    is local (it depends on the sequence).
+
+    :param kernel: ``[H]``-batched :class:`~gpytorch.kernels.ScaleKernel` (registered as
+        ``kernel``). :param heads: H.
+    :param max_len: N_max, the longest sequence the covariance parameter covers.
+    :param mean_param: ``"dual"`` (METHODS; values are the weights of :math:`K_{kk}`) or
+        ``"direct"`` (values are the inducing mean, SGPA paper's :math:`K_{qk}K_{kk}^{-1}v`).
+
+    Parameter ``raw_chol`` ``[H, N_max, N_max]`` (see :func:`free_cholesky`).
+    Cost: O(n³ + n² D) per (b, h) (one Cholesky), memory O(n²) per (b, h).
+
+    >>> from gpattn_ppl.kernels import make_attention_kernel
+    >>> strat = SGPAStrategy(make_attention_kernel("exponential", 2, 4), heads=2, max_len=8)
+    >>> k, v = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)
+    >>> state = strat.prepare(k, v)
+    >>> q = strat.variational_distribution(state)
+    >>> q.batch_shape, q.event_shape, strat.propagate(state, q.rsample()).shape
+    (torch.Size([3, 2, 4]), torch.Size([5]), torch.Size([3, 2, 5, 4]))
+    """
+
+    def __init__(self, kernel: ScaleKernel, heads: int, max_len: int, *,
+                 mean_param: str = "dual") -> None:
+        super().__init__()
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        if mean_param not in ("dual", "direct"):
+            raise ValueError(f"mean_param must be 'dual' or 'direct', got {mean_param!r}")
+        self.kernel, self.heads, self.max_len, self.mean_param = kernel, heads, max_len, mean_param
+        self.raw_chol = nn.Parameter(torch.zeros(heads, max_len, max_len))
+
+    def covariance_root(self, n: int, mask: torch.Tensor | None = None,
+                        dtype: torch.dtype | None = None) -> torch.Tensor:
+        r"""Whitened root :math:`R` ``[B|1, H, n, n]``: the leading n x n block, block-masked.
+
+        The leading block of a Cholesky factor is the factor of the leading block, so sequences
+        of different lengths reuse one parameter consistently.
+        """
+        if n > self.max_len:
+            raise ValueError(f"sequence length {n} exceeds max_len={self.max_len} of the standard "
+                             "SGPA covariance parameter; raise the attention option max_len")
+        R = free_cholesky(self.raw_chol[:, :n, :n]).unsqueeze(0)
+        if dtype is not None:
+            R = R.to(dtype)
+        return block_mask(R, mask)
+
+    def prepare(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
+                where: str = "") -> SGPAState:
+        """Kernel matrix, its factor and q(u)'s parameters for keys/values ``[B, H, N, D]``.
+
+        :raises gpattn_ppl.linalg.CholeskyError: :math:`K_{kk}` not factorisable after the
+            bounded jitter escalation (names ``where`` and the head).
+        """
+        dtype = settings.gp_dtype.resolve(k.dtype)
+        k, v = _mask_rows(k.to(dtype), mask), _mask_rows(v.to(dtype), mask)
+        K = block_mask(gram(self.kernel, k, k).to(dtype), mask)
+        L = cholesky(K, where=(where or "SGPAStrategy") + " K_kk", head_dim=1)
+        m_w = L.mT @ v if self.mean_param == "dual" else triangular_solve(v, L)
+        R = self.covariance_root(k.shape[-2], mask, dtype)
+        return SGPAState(k=k, v=v, K=K, L=L, m_w=m_w, R=R, mask=mask)
+
+    def variational_distribution(self, state: SGPAState) -> pdist.MultivariateNormal:
+        r""":math:`q(u_w)`: batch ``[B, H, D]`` (channel c), event ``N`` (token)."""
+        return pdist.MultivariateNormal(state.m_w.mT, scale_tril=state.R.unsqueeze(2),
+                                        validate_args=False)
+
+    @staticmethod
+    def prior_distribution(q: TorchMVN) -> StandardNormalMVN:
+        r"""Whitened prior :math:`\mathcal N(0, I)` with ``q``'s shapes."""
+        return StandardNormalMVN.like(q)
+
+    def kl_divergence(self, state: SGPAState) -> torch.Tensor:
+        """KL(q(u) || p(u)) per sequence, head and channel, ``[B, H, D]``."""
+        q = self.variational_distribution(state)
+        return torch.distributions.kl_divergence(q, self.prior_distribution(q))
+
+    @staticmethod
+    def propagate(state: SGPAState, u_w: torch.Tensor) -> torch.Tensor:
+        r"""Function values at the keys, :math:`f = L u_w`: ``u_w [B, H, D, N] -> [B, H, N, D]``."""
+        return state.L @ u_w.mT.to(state.L.dtype)
+
+    def forward(self, state: SGPAState, x_q: torch.Tensor | None = None,
+                mask_q: torch.Tensor | None = None) -> gpytorch.distributions.MultivariateNormal:
+        r"""The marginal :math:`q(f(x_q))`, batch ``[B, H, D]``, event ``N_q`` (lazy covariance).
+
+        :param x_q: query inputs ``[B, H, N_q, D]``; ``None`` means the keys themselves (the
+            tied case of the attention unit: mean :math:`L m_w`, covariance :math:`L\tilde SL^\top`).
+        :param mask_q: ``[B, N_q]`` real queries (pad query rows get mean 0 and unit variance).
+        """
+        L, R, m_w = state.L, state.R, state.m_w
+        B, H, N, D = m_w.shape
+        if x_q is None:
+            mean = L @ m_w
+            root = MatmulLinearOperator(L.unsqueeze(2).expand(B, H, D, N, N),
+                                        R.unsqueeze(2).expand(B, H, D, N, N))
+            return gpytorch.distributions.MultivariateNormal(mean.mT, RootLinearOperator(root))
+        x_q = _mask_rows(x_q.to(L.dtype), mask_q)
+        K_qk = _mask_rows(gram(self.kernel, x_q, state.k).to(L.dtype), mask_q)
+        if state.mask is not None:
+            K_qk = K_qk.masked_fill(~state.mask[:, None, None, :], 0.0)
+        K_qq = block_mask(gram(self.kernel, x_q, x_q).to(L.dtype), mask_q)
+        A = triangular_solve(K_qk.mT, L)                                  # [B, H, N, N_q]
+        mean = A.mT @ m_w
+        Nq = x_q.shape[-2]
+        cond = DenseLinearOperator((K_qq - A.mT @ A).unsqueeze(2).expand(B, H, D, Nq, Nq))
+        root = RootLinearOperator((A.mT @ R).unsqueeze(2).expand(B, H, D, Nq, N))
+        return gpytorch.distributions.MultivariateNormal(mean.mT, cond + root)
+
+
+# -- decoupled SGPA --------------------------------------------------------------------------------
+@dataclass
+class DecoupledSGPAState:
+    r"""The GP algebra of one decoupled-SGPA call (GP dtype, pads block-masked).
+
+    :ivar v: values ``[B, H, N, D]``, pad rows 0.
+    :ivar K_qq: :math:`K_{qq}` ``[B, H, N, N]`` (block-masked).
+    :ivar L_beta: factor of :math:`K_{\beta\beta} + \epsilon I` ``[H, M, M]``.
+    :ivar A: :math:`L_\beta^{-1}K_{\beta q}` ``[B, H, M, N]`` (pad columns 0).
+    :ivar Av: :math:`A v` ``[B, H, M, D]``.
+    :ivar Kv: :math:`K_{qq} v` ``[B, H, N, D]``.
+    :ivar mask: ``[B, N]`` or ``None``.
+    """
+
+    v: torch.Tensor
+    K_qq: torch.Tensor
+    L_beta: torch.Tensor
+    A: torch.Tensor
+    Av: torch.Tensor
+    Kv: torch.Tensor
+    mask: torch.Tensor | None
+
+
+class DecoupledSGPAStrategy(gpytorch.Module):
+    r"""Orthogonally decoupled SGPA [paper: KEP §4.1; ref; Salimbeni et al. 2018; METHODS §1.4].
+
+    Two inducing sets per head: the tokens (γ, amortised: inputs :math:`q`, weights the values
+    :math:`v_c`) and M global keys (β: :math:`k_\beta = Z_\beta W_{qk}^{h\top}` from
+    :class:`~gpattn_ppl.features.GlobalInducingKeys`, free weights :math:`a_{\beta,c}`, whitened
+    covariance :math:`\tilde S_c = R_cR_c^\top` per head and channel). With
+    :math:`L_\beta L_\beta^\top = K_{\beta\beta} + \epsilon I` and :math:`A = L_\beta^{-1}K_{\beta q}`:
+
+    .. math::
+        \mu_c &= K_{qq} v_c - A^\top A v_c + K_{q\beta} a_{\beta,c}
+              = K_{qq} v_c + A^\top\,(L_\beta^\top a_{\beta,c} - A v_c) \\
+        \Sigma_c &= K_{qq} - A^\top A + A^\top \tilde S_c A \\
+        \mathrm{KL}_c &= \underbrace{\tfrac12\big[\mathrm{tr}\,\tilde S_c - \log|\tilde S_c| - M
+              + \|L_\beta^\top a_{\beta,c}\|^2\big]}_{\text{global (β)}}
+              + \underbrace{\tfrac12\big[v_c^\top K_{qq} v_c - \|A v_c\|^2\big]}_{\text{local (γ)}}
+
+    The β part is the KL of the whitened global site
+    :math:`u_{w,c}\sim\mathcal N(L_\beta^\top a_{\beta,c}, \tilde S_c)` against
+    :math:`\mathcal N(0, I_M)`; a function sample is
+
+    .. math::
+        f_c = K_{qq} v_c + A^\top (u_{w,c} - A v_c) + \xi_c, \qquad
+        \xi_c \sim \mathcal N(0, K_{qq} - A^\top A)
+
+    with :math:`\xi` drawn through the n x n Cholesky of :math:`K_{qq} - A^\top A + \epsilon I`
+    (``cov="full"``, shared by the D channels of a head) or, as an approximation, independently
+    per token from its diagonal (``cov="diag"``: exact marginal variances
+    :math:`\mathrm{diag}\,\Sigma_c`, the β part keeps its token correlations). With ``M = 0`` it
+    reduces to the amortised part: :math:`\mathcal N(K_{qq}v_c, K_{qq})`, KL
+    :math:`\tfrac12 v_c^\top K_{qq} v_c`.
+
+    :param kernel: ``[H]``-batched :class:`~gpytorch.kernels.ScaleKernel` (submodule ``kernel``).
+    :param heads: H. :param head_dim: D. :param dim: C (input width of the inducing keys).
+    :param num_inducing: M.
+
+    Parameters: ``inducing.inducing_inputs`` :math:`Z_\beta` ``[H, M, C]`` ~ N(0, 1) [ref];
+    ``inducing_weights`` :math:`a_\beta` ``[H, M, D]`` ~ N(0, 0.1²) and ``raw_chol`` ``[H, D, M, M]``
+    (:math:`R_c = I` at init) [ours, METHODS §1.4 Init].
+    Cost: O(n² D + n M D + M³) per (b, h) for mean and KL, plus O(n³) for ``cov="full"``.
+
+    >>> from gpattn_ppl.kernels import make_attention_kernel
+    >>> strat = DecoupledSGPAStrategy(make_attention_kernel("exponential", 2, 4), heads=2,
+    ...                               head_dim=4, dim=8, num_inducing=3)
+    >>> q, v = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)
+    >>> state = strat.prepare(q, v, torch.randn(2, 4, 8))
+    >>> qu = strat.variational_distribution(state)
+    >>> qu.batch_shape, qu.event_shape, strat.kl_gamma(state).shape
+    (torch.Size([2, 4]), torch.Size([3]), torch.Size([3, 2, 4]))
+    """
+
+    def __init__(self, kernel: ScaleKernel, heads: int, head_dim: int, dim: int,
+                 num_inducing: int) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.heads, self.head_dim, self.num_inducing = heads, head_dim, num_inducing
+        self.inducing = GlobalInducingKeys(heads, num_inducing, dim)
+        self.inducing_weights = nn.Parameter(0.1 * torch.randn(heads, num_inducing, head_dim))
+        self.raw_chol = nn.Parameter(torch.zeros(heads, head_dim, num_inducing, num_inducing))
+
+    def prepare(self, q: torch.Tensor, v: torch.Tensor, weight: torch.Tensor,
+                mask: torch.Tensor | None = None, *, where: str = "") -> DecoupledSGPAState:
+        """All batch quantities for queries/values ``[B, H, N, D]`` and ``W_qk`` viewed ``[H, D, C]``.
+
+        :raises gpattn_ppl.linalg.CholeskyError: :math:`K_{\\beta\\beta}` not factorisable.
+        """
+        dtype = settings.gp_dtype.resolve(q.dtype)
+        q, v = _mask_rows(q.to(dtype), mask), _mask_rows(v.to(dtype), mask)
+        k_beta = self.inducing(weight.to(dtype))                          # [H, M, D]
+        K_qq = block_mask(gram(self.kernel, q, q).to(dtype), mask)
+        K_bb = gram(self.kernel, k_beta, k_beta).to(dtype)                # [H, M, M]
+        L_beta = cholesky(K_bb, where=(where or "DecoupledSGPAStrategy") + " K_bb", head_dim=0)
+        K_bq = gram(self.kernel, k_beta.unsqueeze(0), q).to(dtype)        # [B, H, M, N]
+        if mask is not None:
+            K_bq = K_bq.masked_fill(~mask[:, None, None, :], 0.0)
+        A = triangular_solve(K_bq, L_beta)
+        return DecoupledSGPAState(v=v, K_qq=K_qq, L_beta=L_beta, A=A, Av=A @ v, Kv=K_qq @ v,
+                                  mask=mask)
+
+    def covariance_root(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        r""":math:`R_c` ``[H, D, M, M]``."""
+        R = free_cholesky(self.raw_chol)
+        return R if dtype is None else R.to(dtype)
+
+    def variational_distribution(self, state: DecoupledSGPAState) -> pdist.MultivariateNormal:
+        r""":math:`q(u_w)` of the global site: batch ``[H, D]``, event ``M``, mean
+        :math:`L_\beta^\top a_\beta`."""
+        dtype = state.L_beta.dtype
+        loc = (state.L_beta.mT @ self.inducing_weights.to(dtype)).mT    # [H, D, M]
+        return pdist.MultivariateNormal(loc, scale_tril=self.covariance_root(dtype),
+                                        validate_args=False)
+
+    @staticmethod
+    def prior_distribution(q: TorchMVN) -> StandardNormalMVN:
+        r"""Whitened prior :math:`\mathcal N(0, I_M)` with ``q``'s shapes."""
+        return StandardNormalMVN.like(q)
+
+    @staticmethod
+    def kl_gamma(state: DecoupledSGPAState) -> torch.Tensor:
+        r"""Local (γ) KL part :math:`\tfrac12[v_c^\top K_{qq} v_c - \|A v_c\|^2]`, ``[B, H, D]``."""
+        return 0.5 * ((state.v * state.Kv).sum(-2) - state.Av.square().sum(-2))
+
+    def kl_beta(self, state: DecoupledSGPAState) -> torch.Tensor:
+        """Global (β) KL part per head and channel, ``[H, D]`` (zeros when M = 0)."""
+        if self.num_inducing == 0:
+            return state.v.new_zeros(self.heads, self.head_dim)
+        q = self.variational_distribution(state)
+        return torch.distributions.kl_divergence(q, self.prior_distribution(q))
+
+    def conditional_covariance(self, state: DecoupledSGPAState) -> torch.Tensor:
+        r""":math:`K_{qq} - A^\top A` ``[B, H, N, N]`` (pad block identity)."""
+        return state.K_qq - state.A.mT @ state.A
+
+    def propagate(self, state: DecoupledSGPAState, u_w: torch.Tensor | None, *,
+                  cov: str = "full", sample: bool = True, where: str = "") -> torch.Tensor:
+        r"""A function sample (or the mean) ``[B, H, N, D]``.
+
+        :param u_w: whitened global values ``[B|1, H, D, M]`` (``None`` when M = 0).
+        :param cov: ``"full"`` (exact joint) or ``"diag"`` (independent conditional noise).
+        :param sample: add the conditional noise :math:`\xi`; ``False`` returns
+            :math:`K_{qq}v + A^\top(u_w - Av)` (the mean when ``u_w`` is q's mean).
+        """
+        f = state.Kv
+        if u_w is not None and self.num_inducing > 0:
+            f = f + state.A.mT @ (u_w.mT.to(f.dtype) - state.Av)
+        if not sample:
+            return f
+        eps = torch.randn_like(f)
+        if cov == "full":
+            L1 = cholesky(self.conditional_covariance(state),
+                          where=(where or "DecoupledSGPAStrategy") + " K_qq - Q_qq", head_dim=1)
+            return f + L1 @ eps
+        jitter = settings.cholesky_jitter.value(f.dtype)
+        var = state.K_qq.diagonal(dim1=-2, dim2=-1) - state.A.square().sum(-2)
+        return f + (var.clamp_min(0.0) + jitter).sqrt().unsqueeze(-1) * eps
+
+    def forward(self, state: DecoupledSGPAState) -> gpytorch.distributions.MultivariateNormal:
+        r"""The marginal :math:`q(f_c) = \mathcal N(\mu_c, \Sigma_c)`: batch ``[B, H, D]``, event
+        ``N``, covariance a lazy sum of the conditional part and a rank-M root."""
+        B, H, N, D = state.Kv.shape
+        M = self.num_inducing
+        if M > 0:
+            q = self.variational_distribution(state)
+            mean = self.propagate(state, q.loc.unsqueeze(0), sample=False)
+        else:
+            mean = state.Kv
+        cond = DenseLinearOperator(self.conditional_covariance(state).unsqueeze(2)
+                                   .expand(B, H, D, N, N))
+        if M == 0:
+            return gpytorch.distributions.MultivariateNormal(mean.mT, cond)
+        R = self.covariance_root(state.A.dtype)                          # [H, D, M, M]
+        root = MatmulLinearOperator(state.A.mT.unsqueeze(2).expand(B, H, D, N, M),
+                                    R.unsqueeze(0).expand(B, H, D, M, M))
+        return gpytorch.distributions.MultivariateNormal(mean.mT, cond + RootLinearOperator(root))

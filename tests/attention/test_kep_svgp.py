@@ -1,0 +1,305 @@
+"""KEPSVGPAttention: the inherited contract checks plus brute-force and Monte-Carlo checks."""
+
+import pyro
+import pyro.poutine as poutine
+import pytest
+import torch
+
+from gpattn_ppl import settings
+from gpattn_ppl.attention import ATTENTION, KEPSVGPAttention, attention_options, posterior_mean
+from gpattn_ppl.infer.sites import SiteContext, site_context
+from gpattn_ppl.testing import AttentionUnitTestCase
+from tests.reference.kep_svgp import kep_add_forward_reference
+
+
+class TestKEPSVGPAttention(AttentionUnitTestCase):
+    def make_unit(self, dim, heads):
+        return KEPSVGPAttention(dim, heads, rank=3)
+
+
+class TestKEPSVGPBatchDraws(AttentionUnitTestCase):
+    def make_unit(self, dim, heads):
+        return KEPSVGPAttention(dim, heads, rank=3, u_draws="batch")
+
+
+class TestKEPSVGPConcatFeaturesLinear(AttentionUnitTestCase):
+    def make_unit(self, dim, heads):
+        return KEPSVGPAttention(dim, heads, rank=5, merge="concat_features", feature_map="linear")
+
+
+class TestKEPSVGPConcatLowRank(AttentionUnitTestCase):
+    token_permutation_equivariant = False
+
+    def make_unit(self, dim, heads):
+        return KEPSVGPAttention(dim, heads, rank=3, merge="concat", seq_len=self.seq_len,
+                                token_mixing="low_rank")
+
+    def test_padding_invariance(self):
+        pytest.skip("merge='concat' fixes N: an unpadded shorter sequence is not a valid input")
+
+
+class TestKEPSVGPConcatDense(TestKEPSVGPConcatLowRank):
+    def make_unit(self, dim, heads):
+        return KEPSVGPAttention(dim, heads, rank=3, merge="concat", seq_len=self.seq_len)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _unit(**kw):
+    torch.manual_seed(0)
+    kw.setdefault("rank", 3)
+    unit = KEPSVGPAttention(8, 2, **kw).double().eval()
+    g = torch.Generator().manual_seed(9)
+    q = unit.strategy._variational_distribution
+    with torch.no_grad():                      # a full (non-diagonal) S_d and a non-zero mean
+        q.chol_variational_covar.add_(0.3 * torch.randn(q.chol_variational_covar.shape,
+                                                        generator=g, dtype=torch.float64).tril())
+    return unit
+
+
+def _inputs(B=3, N=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, N, 8, generator=g, dtype=torch.float64)
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[0, 4:] = False
+    return x, mask
+
+
+def _reference(unit, x, mask, u):
+    f = unit.features
+    return kep_add_forward_reference(x, mask, f.qk.weight, f.W_e, f.W_r, f.lambda_, u,
+                                     unit.W_add, unit.out.weight, unit.out.bias,
+                                     cosine=f.feature_map == "cosine")
+
+
+# -- brute force --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("u_draws", ["sequence", "batch"])
+def test_sample_matches_naive_reference_with_the_drawn_u(u_draws):
+    unit = _unit(u_draws=u_draws)
+    x, mask = _inputs()
+    torch.manual_seed(3)
+    out = unit(x, mask)
+    torch.manual_seed(3)
+    u = unit.draw_u(x.shape[0])                               # the same draw (same RNG stream)
+    assert u.shape == ((3, 2, 3, 3) if u_draws == "sequence" else (2, 3, 3))
+    torch.testing.assert_close(out[mask], _reference(unit, x, mask, u)[mask])
+
+
+def test_posterior_mean_matches_reference_with_u_equal_m():
+    unit = _unit(feature_map="linear")
+    x, mask = _inputs()
+    with posterior_mean():
+        out = unit(x, mask)
+    m = unit.strategy.variational_distribution.mean
+    torch.testing.assert_close(out[mask], _reference(unit, x, mask, m)[mask])
+
+
+def test_output_mean_and_covariance_of_20000_draws():
+    """Per-sequence draws: over 20,000 copies of one sequence, the output's empirical mean and
+    covariance match the analytic ones (posterior mean mode; last_distribution pushed through
+    W_add and W_O) within 5 sigma."""
+    unit = _unit()
+    x, _ = _inputs(B=1, N=4)
+    T = 20_000
+    with posterior_mean():
+        mean_out = unit(x)[0].detach()
+    torch.manual_seed(5)
+    with torch.no_grad():
+        out = unit(x.expand(T, -1, -1)).reshape(T, -1)                     # [T, N*C]
+    dist = unit.last_distribution                                           # batch [T, H, s], event N
+    Sigma_F = dist[0].lazy_covariance_matrix.to_dense().detach()            # [H, s, N, N]
+    H, D, C = 2, 4, 8
+    W_O = unit.out.weight.detach().view(C, H, D)                            # [C, H, D]
+    G = torch.einsum("hdk,chk->hdc", unit.W_add.detach(), W_O)              # [H, s, C]
+    cov = torch.einsum("hdnm,hdc,hde->ncme", Sigma_F, G, G).reshape(4 * C, 4 * C)
+    emp_mean = out.mean(0)
+    assert ((emp_mean - mean_out.reshape(-1)).abs() <= 5 * out.std(0) / T ** 0.5 + 1e-12).all()
+    oc = out - emp_mean
+    prods = oc.unsqueeze(-1) * oc.unsqueeze(-2)
+    emp = prods.sum(0) / (T - 1)
+    se = prods.std(0) / T ** 0.5
+    assert ((emp - cov).abs() <= 5 * se + 1e-12).all()
+    assert cov.abs().max() > 1e-2
+
+
+def test_last_distribution_is_symmetric_rank_s_and_shaped():
+    unit = _unit()
+    x, mask = _inputs()
+    unit(x, mask)
+    d = unit.last_distribution
+    assert d.batch_shape == (3, 2, 3) and d.event_shape == (6,)
+    assert d.lazy_covariance_matrix.root.shape[-1] == 3
+    cov = d.lazy_covariance_matrix.to_dense()
+    torch.testing.assert_close(cov, cov.mT, rtol=0, atol=1e-12)
+    var = d.lazy_covariance_matrix.diagonal(dim1=-2, dim2=-1)               # (.variance clamps)
+    assert (var[0, :, :, 4:] == 0).all() and (var[0, :, :, :4] > 0).all()   # pads: none
+
+
+# -- draws, sites and terms -------------------------------------------------------------------------------
+def test_per_sequence_draws_are_independent_batch_draws_shared():
+    x, _ = _inputs(B=1)
+    x = x.expand(2, -1, -1)
+    seq, bat = _unit(u_draws="sequence"), _unit(u_draws="batch")
+    torch.manual_seed(1)
+    a = seq(x)
+    assert not torch.allclose(a[0], a[1])
+    torch.manual_seed(1)
+    b = bat(x)
+    torch.testing.assert_close(b[0], b[1])
+
+
+@pytest.mark.parametrize("u_draws", ["sequence", "batch"])
+@pytest.mark.parametrize("B", [1, 4])
+def test_thin_kl_term_is_the_global_kl_counted_once(u_draws, B):
+    unit = _unit(u_draws=u_draws)
+    x, _ = _inputs(B=B)
+    unit(x)
+    kl = unit.objective_terms()["kl"]
+    assert kl.dim() == 0
+    torch.testing.assert_close(kl, unit.strategy.kl_divergence().sum())
+    with posterior_mean():
+        unit(x)
+    torch.testing.assert_close(unit.objective_terms()["kl"], unit.strategy.kl_divergence().sum())
+
+
+@pytest.mark.parametrize("u_draws", ["sequence", "batch"])
+def test_sites_mode_declares_global_u_and_the_elbo_counts_its_kl_once(u_draws):
+    unit = _unit(u_draws=u_draws)
+    unit.site_prefix = "blocks.1.attn"
+    x, mask = _inputs(B=4)
+    plate = pyro.plate("data", 100, subsample=torch.arange(4))
+    with site_context(SiteContext("sites", "guide", plate)):
+        guide = poutine.trace(lambda: unit(x, mask)).get_trace()
+    assert "kl" not in unit.objective_terms()                               # the ELBO owns it
+    with site_context(SiteContext("sites", "model", plate)):
+        model = poutine.trace(poutine.replay(lambda: unit(x, mask), trace=guide)).get_trace()
+    g, m = guide.nodes["blocks.1.attn.u"], model.nodes["blocks.1.attn.u"]
+    assert [n for n, s in guide.nodes.items() if s["type"] == "sample"] == ["blocks.1.attn.u"]
+    assert g["fn"].batch_shape == () and m["fn"].batch_shape == ()          # global: all in event
+    assert torch.equal(g["value"], m["value"])
+    kl = torch.distributions.kl_divergence(g["fn"], m["fn"]) * g["scale"]  # as TraceMeanField_ELBO
+    torch.testing.assert_close(kl, unit.strategy.kl_divergence().sum())
+    assert g["value"].shape == ((4, 2, 3, 3) if u_draws == "sequence" else (2, 3, 3))
+
+
+def test_ksvd_term_is_per_sequence_and_pad_invariant():
+    unit = _unit()
+    x, mask = _inputs()
+    unit(x, mask)
+    k = unit.objective_terms()["ksvd_loss"]
+    assert k.shape == (3,) and (k > 0).all()
+    x2 = x.clone()
+    x2[~mask] = 100.0
+    unit(x2, mask)
+    torch.testing.assert_close(unit.objective_terms()["ksvd_loss"], k)
+    unit(x[:1, :4])
+    torch.testing.assert_close(unit.objective_terms()["ksvd_loss"][0], k[0])
+
+
+def test_gradients_reach_W_e_W_r_lambda_m_S_and_output_weights():
+    unit = _unit()
+    unit.train()
+    x, mask = _inputs()
+    torch.manual_seed(0)
+    out = unit(x, mask)
+    loss = out[mask].square().sum() + sum(v.sum() for v in unit.objective_terms().values())
+    loss.backward()
+    named = dict(unit.named_parameters())
+    for name in ("strategy.features.W_e", "strategy.features.W_r", "strategy.features.raw_lambda",
+                 "strategy._variational_distribution.variational_mean",
+                 "strategy._variational_distribution.chol_variational_covar", "W_add"):
+        g = named[name].grad
+        assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, name
+
+
+def test_sample_gradient_reaches_S_without_the_kl():
+    """S enters the output itself (reparameterisation through u), not only through the KL."""
+    unit = _unit()
+    x, mask = _inputs()
+    torch.manual_seed(0)
+    unit(x, mask)[mask].square().sum().backward()
+    g = unit.strategy._variational_distribution.chol_variational_covar.grad
+    assert g is not None and g.abs().sum() > 0
+
+
+# -- options, config, numerics ----------------------------------------------------------------------------
+def test_registered_with_keyword_options():
+    assert ATTENTION["kep_svgp"] is KEPSVGPAttention
+    opts = attention_options("kep_svgp")
+    assert {"rank", "merge", "feature_map", "u_draws", "seq_len", "token_mixing"} <= set(opts)
+    assert opts["rank"] == 5 and opts["merge"] == "add" and opts["feature_map"] == "cosine"
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(merge="sum"), "merge"), (dict(feature_map="rbf"), "feature_map"),
+    (dict(u_draws="token"), "u_draws"), (dict(merge="concat"), "seq_len"),
+    (dict(token_mixing="full"), "token_mixing"), (dict(rank=0), "rank"),
+])
+def test_bad_options_raise(kw, match):
+    with pytest.raises(ValueError, match=match):
+        KEPSVGPAttention(8, 2, **kw)
+
+
+def test_concat_rejects_other_lengths():
+    unit = KEPSVGPAttention(8, 2, rank=3, merge="concat", seq_len=6)
+    with pytest.raises(ValueError, match="seq_len"):
+        unit(torch.randn(2, 5, 8))
+
+
+def test_declarative_spec_replaces_only_the_last_block_and_trains_in_both_modes():
+    from gpattn_ppl.infer.program import PyroProgram
+    from gpattn_ppl.models import build_model
+
+    spec = {"arch": "text", "dim": 16, "heads": 2, "depth": 2, "mlp_dim": 16, "dropout": 0.0,
+            "attention": {"kind": "softmax"},
+            "overrides": [{"blocks": [-1], "attention": {"kind": "kep_svgp", "rank": 3,
+                                                         "merge": "add", "feature_map": "cosine"}}]}
+    torch.manual_seed(0)
+    net = build_model(spec, num_classes=2, vocab_size=30)
+    units = net.attention_units()
+    assert type(units["blocks.0.attn"]).__name__ == "SoftmaxAttention"
+    assert isinstance(units["blocks.1.attn"], KEPSVGPAttention)
+    tok = torch.randint(1, 30, (4, 7))
+    mask = torch.ones(4, 7, dtype=torch.bool)
+    mask[0, 5:] = False
+    y = torch.tensor([0, 1, 1, 0])
+    for mode in ("thin", "sites"):
+        prog = PyroProgram(net, num_data=100, objective={"ksvd_weight": 1.0}, mode=mode)
+        net.zero_grad()
+        loss = prog.loss(tok, mask, y, torch.arange(4))
+        loss.backward()
+        assert torch.isfinite(loss)
+        q = units["blocks.1.attn"].strategy._variational_distribution
+        assert q.variational_mean.grad.abs().sum() > 0, mode
+    assert set(net.objective_terms()) >= {"blocks.1.attn.ksvd_loss"}
+
+
+def test_float32_input_with_float64_gp_algebra():
+    torch.manual_seed(0)
+    unit = KEPSVGPAttention(8, 2, rank=3)
+    x = torch.randn(2, 5, 8)
+    with settings.gp_dtype(torch.float64):
+        out = unit(x)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert unit.objective_terms()["ksvd_loss"].dtype == torch.float64
+
+
+@pytest.mark.parametrize("merge", ["add", "concat_features"])
+def test_unit_is_vectorised_over_batch_heads_and_dims(merge):
+    """The number of torch calls of a forward + backward does not depend on B, H or s."""
+    def count(B, heads, s):
+        torch.manual_seed(0)
+        unit = KEPSVGPAttention(4 * heads, heads, rank=s, merge=merge).double().train()
+        x = torch.randn(B, 5, 4 * heads, dtype=torch.float64)
+        calls = []
+
+        class Count(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                calls.append(func)
+                return func(*args, **(kwargs or {}))
+
+        with Count():
+            out = unit(x)
+            (out.sum() + sum(v.sum() for v in unit.objective_terms().values())).backward()
+        return len(calls)
+
+    assert count(1, 1, 2) == count(6, 4, 7)
