@@ -14,6 +14,7 @@ from .registry import register_attention
 
 __all__ = ["SGPAttention"]
 
+
 @register_attention("sgpa")
 class SGPAttention(AttentionUnit):
     r"""SGPA attention: per head, a sparse GP whose posterior mean is kernel attention.
@@ -25,11 +26,11 @@ class SGPAttention(AttentionUnit):
 
     * ``variant="standard"`` [ours, METHODS §1.3] (:class:`~gpattn_ppl.variational.SGPAStrategy`):
       the keys are the inducing inputs, :math:`u_c = f_c(q)`, whitened
-      :math:`q(u_{w,c}) = \mathcal N(L^\top v_c, R R^\top)` with :math:`LL^\top = K + \epsilon I`,
+      :math:`q(u_{w,c}) = \mathcal N(L^\top v_c, R R^\top)` with :math:`LL^\top = K + \epsilon\,\mathrm{diag}(K)`,
       so that
 
       .. math::
-          f_c = L u_{w,c}:\quad \mathbb E f_c = L L^\top v_c \;(= K v_c + \epsilon v_c),\quad
+          f_c = L u_{w,c}:\quad \mathbb E f_c = L L^\top v_c \;(= K v_c + \epsilon\,\mathrm{diag}(K) v_c),\quad
           \mathrm{Cov} f_c = L R R^\top L^\top,
 
       the mean being unnormalised symmetric kernel attention. KL local (per sequence).

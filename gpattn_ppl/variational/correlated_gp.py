@@ -260,7 +260,8 @@ class CorrelatedGP(gpytorch.Module):
     # -- predictive -------------------------------------------------------------------------
     def mean(self, t: CGPTerms, v: torch.Tensor) -> torch.Tensor:
         r"""Posterior mean :math:`\nu = K_{qo}\,\mathrm{cholsolve}(K_{ok}V, L_o)`, ``[B, H, N, D]``
-        (eq. 25 with the :math:`(K_k+\sigma^2I)` factors cancelled): one Cholesky."""
+        (eq. 25 with the :math:`(K_k+\sigma^2I)` factors cancelled): one Cholesky. When the
+        covariance path has already formed :math:`F_q = P_oK_{oq}`, :math:`F_q^\top(K_{ok}V)`."""
         v = v.to(t.dtype)
         if "F_q" in vars(t):  # the covariance path has P_o K_oq already: no further solve
             return t.F_q.mT @ (t.K_ok @ v)
@@ -302,7 +303,7 @@ class CorrelatedGP(gpytorch.Module):
         * ``"jensen"`` (the paper's bound, eqs. 38-44) in closed form -- every term is:
           :math:`-\tfrac12[\nu_a^\top\Sigma_q^{-1}\nu_a + \mathrm{tr}(\Sigma_q^{-1}X_q) +
           \log|\Sigma_q| + n_b\log 2\pi]` with :math:`X_q = A_qK_oA_q^\top = F_q^\top K_oF_q`;
-        * ``"marginal"``: the un-bounded quantity, also closed form,
+        * ``"marginal"``: the quantity Jensen bounds, itself closed form,
           :math:`\log\mathcal N(\nu_a; 0, \Sigma_q + X_q)` (tighter, ≥ jensen);
         * ``"mc"``: the paper's Monte-Carlo estimator of the Jensen bound (eqs. 42-43) with
           ``samples`` draws :math:`z_o^i\sim\mathcal N(0, K_o)` shared by the columns.

@@ -16,7 +16,8 @@ of every kernel matrix are zeroed and 1 is put on the pad diagonal of every matr
 factorised, pad rows of values are zeroed -- the real block is then the computation on the
 unpadded sequence and pads contribute exactly nothing (to the KL either).
 
-Inducing values are **whitened**: :math:`u = L u_w` with :math:`L L^\top = K_{uu} + \epsilon I`,
+Inducing values are **whitened**: :math:`u = L u_w` with :math:`L L^\top = K_{uu} + \epsilon\,\mathrm{diag}(K_{uu})`
+(a jitter relative to the prior variances, :func:`scaled_cholesky`),
 prior :math:`u_w \sim \mathcal N(0, I)` (:class:`StandardNormalMVN`, with an O(n²) KL
 registered against any multivariate normal).
 """
@@ -29,7 +30,12 @@ import gpytorch
 import pyro.distributions as pdist
 import torch
 from gpytorch.kernels import ScaleKernel
-from linear_operator.operators import DenseLinearOperator, MatmulLinearOperator, RootLinearOperator
+from linear_operator.operators import (
+    DenseLinearOperator,
+    MatmulLinearOperator,
+    RootLinearOperator,
+    SumLinearOperator,
+)
 from torch import nn
 from torch.distributions import MultivariateNormal as TorchMVN
 from torch.distributions import register_kl
@@ -40,7 +46,7 @@ from ..kernels import gram
 from ..linalg import cholesky, triangular_solve
 
 __all__ = ["SGPAStrategy", "DecoupledSGPAStrategy", "StandardNormalMVN", "SGPAState",
-           "DecoupledSGPAState", "free_cholesky", "block_mask"]
+           "DecoupledSGPAState", "free_cholesky", "block_mask", "scaled_cholesky"]
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -73,6 +79,27 @@ def _mask_rows(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is None:
         return t
     return t.masked_fill(~mask[:, None, :, None], 0.0)
+
+
+def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_dim: int
+                    ) -> torch.Tensor:
+    r"""Cholesky factor with a jitter *relative* to ``d`` (the prior variances), by equilibration.
+
+    .. math::
+        L = \Delta^{1/2}\,\mathrm{chol}\big(\Delta^{-1/2} A \Delta^{-1/2} + \epsilon I\big), \qquad
+        LL^\top = A + \epsilon\Delta, \quad \Delta = \mathrm{diag}(d)
+
+    through :func:`gpattn_ppl.linalg.cholesky` (its jitter, bounded escalation and named error).
+    The factorised matrix has entries of order one whatever the kernel's amplitude -- for the
+    exponential kernel :math:`\Delta^{-1/2}K\Delta^{-1/2}` is an RBF correlation matrix -- so a singular
+    kernel matrix is rescued by the escalation in float32 too and the exponential kernel's
+    range cannot defeat the jitter. No host synchronisation.
+
+    :param A: ``[..., n, n]``. :param d: ``[..., n]`` positive scales (pads: 1).
+    """
+    s = d.clamp_min(torch.finfo(d.dtype).tiny).rsqrt()
+    L = cholesky(A * (s.unsqueeze(-1) * s.unsqueeze(-2)), where=where, head_dim=head_dim)
+    return L * (1.0 / s).unsqueeze(-1).to(L.dtype)
 
 
 class StandardNormalMVN(pdist.MultivariateNormal):
@@ -116,7 +143,7 @@ class SGPAState:
     :ivar k: inducing inputs (keys) ``[B, H, N, D]``, pad rows 0.
     :ivar v: values ``[B, H, N, D]``, pad rows 0.
     :ivar K: :math:`K_{kk}` ``[B, H, N, N]`` (block-masked, no jitter).
-    :ivar L: lower Cholesky factor of :math:`K_{kk} + \epsilon I` ``[B, H, N, N]``.
+    :ivar L: lower Cholesky factor of :math:`K_{kk} + \epsilon\,\mathrm{diag}(K_{kk})` ``[B, H, N, N]``.
     :ivar m_w: whitened variational mean ``[B, H, N, D]``.
     :ivar R: whitened covariance root :math:`\tilde S = R R^\top` ``[B|1, H, N, N]``.
     :ivar mask: ``[B, N]`` or ``None``.
@@ -135,7 +162,7 @@ class SGPAStrategy(gpytorch.Module):
     r"""Standard SGPA [ours, METHODS §1.3]: the keys of the sequence are the inducing inputs.
 
     Per head and channel c, with :math:`K = \kappa(k, k)` (n x n, n real tokens) and
-    :math:`L = \mathrm{chol}(K + \epsilon I)`:
+    :math:`L = \mathrm{chol}(K + \epsilon\,\mathrm{diag}\,K)`:
 
     .. math::
         q(u_{w,c}) = \mathcal N(m_{w,c}, \tilde S), \quad \tilde S = R R^\top, \quad
@@ -216,7 +243,8 @@ class SGPAStrategy(gpytorch.Module):
         dtype = settings.gp_dtype.resolve(k.dtype)
         k, v = _mask_rows(k.to(dtype), mask), _mask_rows(v.to(dtype), mask)
         K = block_mask(gram(self.kernel, k, k).to(dtype), mask)
-        L = cholesky(K, where=(where or "SGPAStrategy") + " K_kk", head_dim=1)
+        L = scaled_cholesky(K, K.diagonal(dim1=-2, dim2=-1),
+                            where=(where or "SGPAStrategy") + " K_kk", head_dim=1)
         m_w = L.mT @ v if self.mean_param == "dual" else triangular_solve(v, L)
         R = self.covariance_root(k.shape[-2], mask, dtype)
         return SGPAState(k=k, v=v, K=K, L=L, m_w=m_w, R=R, mask=mask)
@@ -266,7 +294,7 @@ class SGPAStrategy(gpytorch.Module):
         Nq = x_q.shape[-2]
         cond = DenseLinearOperator((K_qq - A.mT @ A).unsqueeze(2).expand(B, H, D, Nq, Nq))
         root = RootLinearOperator((A.mT @ R).unsqueeze(2).expand(B, H, D, Nq, N))
-        return gpytorch.distributions.MultivariateNormal(mean.mT, cond + root)
+        return gpytorch.distributions.MultivariateNormal(mean.mT, SumLinearOperator(cond, root))
 
 
 # -- decoupled SGPA --------------------------------------------------------------------------------
@@ -276,7 +304,7 @@ class DecoupledSGPAState:
 
     :ivar v: values ``[B, H, N, D]``, pad rows 0.
     :ivar K_qq: :math:`K_{qq}` ``[B, H, N, N]`` (block-masked).
-    :ivar L_beta: factor of :math:`K_{\beta\beta} + \epsilon I` ``[H, M, M]``.
+    :ivar L_beta: factor of :math:`K_{\beta\beta} + \epsilon\,\mathrm{diag}(K_{\beta\beta})` ``[H, M, M]``.
     :ivar A: :math:`L_\beta^{-1}K_{\beta q}` ``[B, H, M, N]`` (pad columns 0).
     :ivar Av: :math:`A v` ``[B, H, M, D]``.
     :ivar Kv: :math:`K_{qq} v` ``[B, H, N, D]``.
@@ -299,7 +327,7 @@ class DecoupledSGPAStrategy(gpytorch.Module):
     :math:`v_c`) and M global keys (β: :math:`k_\beta = Z_\beta W_{qk}^{h\top}` from
     :class:`~gpattn_ppl.features.GlobalInducingKeys`, free weights :math:`a_{\beta,c}`, whitened
     covariance :math:`\tilde S_c = R_cR_c^\top` per head and channel). With
-    :math:`L_\beta L_\beta^\top = K_{\beta\beta} + \epsilon I` and :math:`A = L_\beta^{-1}K_{\beta q}`:
+    :math:`L_\beta L_\beta^\top = K_{\beta\beta} + \epsilon\,\mathrm{diag}(K_{\beta\beta})` and :math:`A = L_\beta^{-1}K_{\beta q}`:
 
     .. math::
         \mu_c &= K_{qq} v_c - A^\top A v_c + K_{q\beta} a_{\beta,c}
@@ -317,7 +345,7 @@ class DecoupledSGPAStrategy(gpytorch.Module):
         f_c = K_{qq} v_c + A^\top (u_{w,c} - A v_c) + \xi_c, \qquad
         \xi_c \sim \mathcal N(0, K_{qq} - A^\top A)
 
-    with :math:`\xi` drawn through the n x n Cholesky of :math:`K_{qq} - A^\top A + \epsilon I`
+    with :math:`\xi` drawn through the n x n Cholesky of :math:`K_{qq} - A^\top A + \epsilon\,\mathrm{diag}(K_{qq})`
     (``cov="full"``, shared by the D channels of a head) or, as an approximation, independently
     per token from its diagonal (``cov="diag"``: exact marginal variances
     :math:`\mathrm{diag}\,\Sigma_c`, the β part keeps its token correlations). With ``M = 0`` it
@@ -363,7 +391,8 @@ class DecoupledSGPAStrategy(gpytorch.Module):
         k_beta = self.inducing(weight.to(dtype))                          # [H, M, D]
         K_qq = block_mask(gram(self.kernel, q, q).to(dtype), mask)
         K_bb = gram(self.kernel, k_beta, k_beta).to(dtype)                # [H, M, M]
-        L_beta = cholesky(K_bb, where=(where or "DecoupledSGPAStrategy") + " K_bb", head_dim=0)
+        L_beta = scaled_cholesky(K_bb, K_bb.diagonal(dim1=-2, dim2=-1),
+                                 where=(where or "DecoupledSGPAStrategy") + " K_bb", head_dim=0)
         K_bq = gram(self.kernel, k_beta.unsqueeze(0), q).to(dtype)        # [B, H, M, N]
         if mask is not None:
             K_bq = K_bq.masked_fill(~mask[:, None, None, :], 0.0)
@@ -421,12 +450,15 @@ class DecoupledSGPAStrategy(gpytorch.Module):
             return f
         eps = torch.randn_like(f)
         if cov == "full":
-            L1 = cholesky(self.conditional_covariance(state),
-                          where=(where or "DecoupledSGPAStrategy") + " K_qq - Q_qq", head_dim=1)
+            L1 = scaled_cholesky(self.conditional_covariance(state),
+                                 state.K_qq.diagonal(dim1=-2, dim2=-1),
+                                 where=(where or "DecoupledSGPAStrategy") + " K_qq - Q_qq",
+                                 head_dim=1)
             return f + L1 @ eps
         jitter = settings.cholesky_jitter.value(f.dtype)
-        var = state.K_qq.diagonal(dim1=-2, dim2=-1) - state.A.square().sum(-2)
-        return f + (var.clamp_min(0.0) + jitter).sqrt().unsqueeze(-1) * eps
+        prior_var = state.K_qq.diagonal(dim1=-2, dim2=-1)
+        var = prior_var - state.A.square().sum(-2)
+        return f + (var.clamp_min(0.0) + jitter * prior_var).sqrt().unsqueeze(-1) * eps
 
     def forward(self, state: DecoupledSGPAState) -> gpytorch.distributions.MultivariateNormal:
         r"""The marginal :math:`q(f_c) = \mathcal N(\mu_c, \Sigma_c)`: batch ``[B, H, D]``, event
@@ -445,4 +477,5 @@ class DecoupledSGPAStrategy(gpytorch.Module):
         R = self.covariance_root(state.A.dtype)                          # [H, D, M, M]
         root = MatmulLinearOperator(state.A.mT.unsqueeze(2).expand(B, H, D, N, M),
                                     R.unsqueeze(0).expand(B, H, D, M, M))
-        return gpytorch.distributions.MultivariateNormal(mean.mT, cond + RootLinearOperator(root))
+        return gpytorch.distributions.MultivariateNormal(
+            mean.mT, SumLinearOperator(cond, RootLinearOperator(root)))

@@ -236,41 +236,58 @@ def _count_cholesky(monkeypatch):
     return calls
 
 
-def test_singular_kernel_matrix_escalates_then_succeeds(monkeypatch):
-    """Identical tokens: K = σ² 11ᵀ is singular. Jitter from 1e-30 fails until it escalates to a
-    representable size; bounded: with too few escalations it raises instead."""
-    unit = _unit("standard", kernel="rbf", max_len=8)
-    unit.site_prefix = "blocks.1.attn"
-    with torch.no_grad():
-        unit.kernel.outputscale = torch.ones(2, dtype=torch.float64)
-    x = _x(B=1, N=1).expand(2, 5, 8).contiguous()
-    calls = _count_cholesky(monkeypatch)
-    with settings.cholesky_jitter(float64=1e-30, max_tries=20):
-        out = unit(x)
-    assert torch.isfinite(out).all() and 2 < len(calls) <= 21
-    with settings.cholesky_jitter(float64=1e-30, max_tries=len(calls) - 2):
-        with pytest.raises(CholeskyError, match="blocks.1.attn"):
-            unit(x)
-
-
-@pytest.mark.parametrize("variant", ["standard", "decoupled"])
-def test_unfactorisable_matrix_raises_named_error_after_bounded_escalation(monkeypatch, variant):
-    """A singular matrix whose scale swallows every jitter: bounded escalation, then the error
-    names the block, the matrix and the head."""
+def _singular_head_1(variant):
+    """Head 1's kernel matrix is exactly σ² 11ᵀ (σ² = 64, so its equilibrated form is exactly
+    11ᵀ): standard -- head 1's W_qk rows are 0, so all its keys coincide; decoupled -- head 1's
+    global inducing inputs coincide (K_bb). Head 0 is non-singular."""
     unit = _unit(variant, kernel="rbf", max_len=8, num_inducing=4)
     unit.site_prefix = "blocks.1.attn"
     with torch.no_grad():
-        unit.kernel.outputscale = torch.tensor([1.0, 1e20], dtype=torch.float64)
-        # decoupled: identical global keys make K_bb = σ² 11ᵀ
-        if variant == "decoupled":
-            unit.strategy.inducing.inducing_inputs.copy_(torch.ones(2, 4, 8))
-    x = _x(B=1, N=1).expand(2, 5, 8).contiguous()
+        unit.kernel.raw_outputscale.fill_(64.0)             # softplus(x) = x exactly for x > 20
+        if variant == "standard":
+            unit.proj.weight[4:8].zero_()
+        else:
+            unit.strategy.inducing.inducing_inputs[1] = 0.3
+    assert torch.equal(unit.kernel.outputscale, torch.full((2,), 64.0, dtype=torch.float64))
+    return unit
+
+
+@pytest.mark.parametrize("variant", ["standard", "decoupled"])
+def test_singular_kernel_matrix_escalation_is_bounded_then_named_error(monkeypatch, variant):
+    """A singular kernel matrix: jitter from 1e-30 fails while 1 + ε rounds to 1 and succeeds
+    once it escalates past float64 resolution; with too few escalations allowed, the error
+    names the block, the matrix and the head, after exactly 1 + max_tries attempts."""
+    unit = _singular_head_1(variant)
+    x = _x()
+    calls = _count_cholesky(monkeypatch)
+    unit(x)                                                  # default jitter: one try suffices
+    assert len(calls) == (1 if variant == "standard" else 2)
+    calls.clear()
+    with settings.cholesky_jitter(float64=1e-30, max_tries=20):
+        out = unit(x)
+    assert torch.isfinite(out).all()
+    assert len(calls) >= 15                                  # 1e-30 ... ~1e-15 escalations
+    calls.clear()
+    matrix = "K_kk" if variant == "standard" else "K_bb"
+    with settings.cholesky_jitter(float64=1e-30, max_tries=5):
+        with pytest.raises(CholeskyError, match=rf"blocks\.1\.attn {matrix}, head 1") as err:
+            unit(x)
+    assert len(calls) == 1 + 5
+    assert "after 5 escalations" in str(err.value)
+
+
+def test_non_finite_kernel_matrix_raises_named_error_after_bounded_escalation(monkeypatch):
+    """An overflowing exponential kernel (inf entries) is never factorisable: bounded retries,
+    then the named error (no endless jitter loop, METHODS §1.4 pitfall)."""
+    unit = _unit("standard", max_len=8)
+    unit.site_prefix = "blocks.0.attn"
+    with torch.no_grad():
+        unit.kernel.base_kernel.lengthscale = torch.full((2, 1, 4), 1e-3, dtype=torch.float64)
     calls = _count_cholesky(monkeypatch)
     with settings.cholesky_jitter(max_tries=3):
-        with pytest.raises(CholeskyError, match=r"blocks\.1\.attn K_\w+.*head 1") as err:
-            unit(x)
-    assert len(calls) == 1 + 3
-    assert "after 3 escalations" in str(err.value)
+        with pytest.raises(CholeskyError, match=r"blocks\.0\.attn K_kk, head 0.*non-finite"):
+            unit(_x())
+    assert len(calls) == 4
 
 
 def test_gp_dtype_float64_under_float32_inputs():
@@ -350,3 +367,19 @@ def test_samples_propagate_through_every_sgpa_block():
     net(tokens)
     net(tokens)
     assert not torch.allclose(seen[0], seen[1])
+
+
+@pytest.mark.parametrize("variant", ["standard", "decoupled"])
+def test_eval_mode_posterior_is_lazy(variant):
+    """last_distribution never densifies the [B, H, D, N, N] covariances (a 20x eval slowdown
+    when a dense + root sum was materialised)."""
+    from linear_operator.operators import DenseLinearOperator, LinearOperator
+
+    unit = _unit(variant, max_len=8, num_inducing=3).eval()
+    unit(_x())
+    cov = unit.last_distribution.lazy_covariance_matrix
+    assert isinstance(cov, LinearOperator) and not isinstance(cov, DenseLinearOperator)
+    assert unit.last_distribution.batch_shape == (2, 2, 4)
+    unit.train()
+    unit(_x())
+    assert unit.last_distribution is None          # not built in training (no cost)

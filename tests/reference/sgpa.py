@@ -27,8 +27,8 @@ def dense_joint_conditional(K_joint, n, m_u, S_u):
 def standard_sgpa_reference(x, Wqk, Wv, outputscale, lengthscale, R_full, heads, jitter):
     """Standard SGPA (tied, dual mean) of ONE unpadded sequence ``x [N, C]``, head by head.
 
-    Returns per head: mean ``[N, D]`` (= (K + jI) v), covariance ``[N, N]`` (L R Rᵀ Lᵀ) and the
-    KL summed over channels, from the unwhitened definition KL(N(m_u, S_u) || N(0, K + jI)).
+    Returns per head: mean ``[N, D]`` (= (K + j diag K) v), covariance ``[N, N]`` (L R Rᵀ Lᵀ) and
+    the KL summed over channels, from the unwhitened definition KL(N(m_u, S_u) || N(0, K + j diag K)).
     """
     N, C = x.shape
     D = C // heads
@@ -39,7 +39,7 @@ def standard_sgpa_reference(x, Wqk, Wv, outputscale, lengthscale, R_full, heads,
         v = x @ Wv[sl].T
         ls = lengthscale[h].reshape(-1)
         K = outputscale[h] * torch.exp((q / ls) @ (q / ls).T)
-        Kj = K + jitter * torch.eye(N, dtype=x.dtype)
+        Kj = K + jitter * torch.diag(K.diagonal())          # the relative nugget
         L = torch.linalg.cholesky(Kj)
         R = R_full[h, :N, :N]
         S_u = L @ R @ R.T @ L.T
@@ -64,7 +64,8 @@ def decoupled_sgpa_reference(q, v, k_beta, a_beta, R, kern, jitter):
     M = k_beta.shape[0]
     K_qq = kern(q, q)
     K_qb = kern(q, k_beta)
-    K_bb = kern(k_beta, k_beta) + jitter * torch.eye(M, dtype=q.dtype)
+    K_bb = kern(k_beta, k_beta)
+    K_bb = K_bb + jitter * torch.diag(K_bb.diagonal())     # the relative nugget
     Q = K_qb @ torch.linalg.solve(K_bb, K_qb.T)
     mean = K_qq @ v - Q @ v + K_qb @ a_beta
     L_b = torch.linalg.cholesky(K_bb)

@@ -34,6 +34,11 @@ def _kernel(name="exponential", seed=0):
     return k
 
 
+def _nugget(K):
+    """K + ε diag(K): the relative nugget of ``scaled_cholesky``."""
+    return K + JIT * torch.diag_embed(K.diagonal(dim1=-2, dim2=-1))
+
+
 def _dense(kernel, a, b):
     """Kernel matrix of one head from the gpytorch evaluation path (not the library's gram)."""
     return kernel(a, b).to_dense()
@@ -103,7 +108,7 @@ def test_standard_posterior_equals_dense_gaussian_conditioning(mean_param):
         for h in range(H):
             X = torch.cat([xq[b, h], k[b, h]])
             Kj = _dense(strat.kernel, X, X)[h]
-            Kj[4:, 4:] += JIT * torch.eye(5, dtype=torch.float64)    # the nugget of the u prior
+            Kj[4:, 4:] = _nugget(Kj[4:, 4:].clone())                  # the nugget of the u prior
             Kuu = Kj[4:, 4:]
             m_u = Kuu @ v[b, h] if mean_param == "dual" else v[b, h]
             R = free_cholesky(strat.raw_chol[h, :5, :5])
@@ -121,7 +126,7 @@ def test_standard_tied_posterior_is_q_of_u():
     k, v = _tokens()
     state = strat.prepare(k, v)
     post = strat(state)
-    K = gram(strat.kernel, k, k) + JIT * torch.eye(5, dtype=torch.float64)
+    K = _nugget(gram(strat.kernel, k, k))
     L = torch.linalg.cholesky(K)
     R = free_cholesky(strat.raw_chol[:, :5, :5])
     torch.testing.assert_close(post.mean, (K @ v).mT, rtol=1e-10, atol=1e-10)
@@ -143,7 +148,7 @@ def test_standard_small_S_mean_is_kernel_attention_with_K_qk_K_kk_inverse():
         xq = 0.7 * torch.randn(2, H, 4, D, generator=_g(9), dtype=torch.float64)
         post = strat(strat.prepare(k, v), xq)
         K_qk = gram(strat.kernel, xq, k)
-        K_kk = gram(strat.kernel, k, k) + JIT * torch.eye(5, dtype=torch.float64)
+        K_kk = _nugget(gram(strat.kernel, k, k))
         attn = torch.linalg.solve(K_kk, K_qk.mT).mT                    # K_qk K_kk⁻¹
         expected = attn @ v if mean_param == "direct" else K_qk @ v
         torch.testing.assert_close(post.mean, expected.mT, rtol=1e-7, atol=1e-9)
@@ -282,7 +287,7 @@ def test_decoupled_with_zero_token_weights_is_whitened_svgp_on_global_keys():
     k_beta = torch.einsum("hmc,hdc->hmd", strat.inducing.inducing_inputs, W)
     R = free_cholesky(strat.raw_chol)
     for h in range(H):
-        Kbb = _dense(strat.kernel, k_beta[h], k_beta[h])[h] + JIT * torch.eye(3, dtype=torch.float64)
+        Kbb = _nugget(_dense(strat.kernel, k_beta[h], k_beta[h])[h])
         L = torch.linalg.cholesky(Kbb)
         m_u = Kbb @ strat.inducing_weights[h]                             # dual weights a_β
         for c in range(D):
