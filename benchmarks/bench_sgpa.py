@@ -67,6 +67,9 @@ def run(B: int, N: int, C: int, H: int, ns: list[int], sweep_batch: int, repeats
             "rows": rows,
             "loglog_slope_median": loglog_slope(ns, [r["median_s"] for r in rows]),
             "loglog_slope_min": loglog_slope(ns, [r["min_s"] for r in rows]),
+            # local slopes between consecutive N (the last one shows the asymptotic order)
+            "segment_slopes_min": [loglog_slope(ns[i:i + 2], [rows[i]["min_s"], rows[i + 1]["min_s"]])
+                                   for i in range(len(ns) - 1)],
         }
     return {"B": B, "N": N, "C": C, "H": H, "M": 16, "threads": torch.get_num_threads(),
             "layer": layer, "scaling": {"B": sweep_batch, "N": ns, "forms": scaling}}
@@ -95,8 +98,9 @@ def main(argv=None) -> None:
         print(f"{name:>20s} median {r['median_s']:.4f} s (x{r['ratio_to_softmax_median']:.2f}), "
               f"min {r['min_s']:.4f} s (x{r['ratio_to_softmax_min']:.2f})")
     for name, s in res["scaling"]["forms"].items():
+        seg = ", ".join(f"{v:.2f}" for v in s["segment_slopes_min"])
         print(f"{name:>20s} log-log slope {s['loglog_slope_min']:.2f} (min) "
-              f"{s['loglog_slope_median']:.2f} (median)")
+              f"{s['loglog_slope_median']:.2f} (median); segments {seg}")
     print(f"wrote {path}")
 
 
