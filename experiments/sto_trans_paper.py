@@ -95,11 +95,11 @@ def _pp(a: dict, mean_key: str, std_key: str) -> str:
 
 
 def _pair(a: dict, k1: str, k2: str, scale: float = 1.0, digits: int = 3) -> str:
-    v1 = [v for v in a[k1] if v is not None]
-    v2 = [v for v in a[k2] if v is not None]
-    if not v1 or not v2:
-        return "–"
-    return f"{statistics.fmean(v1) * scale:.{digits}f} / {statistics.fmean(v2) * scale:.{digits}f}"
+    def one(key):
+        vals = [v for v in a[key] if v is not None]
+        return f"{statistics.fmean(vals) * scale:.{digits}f}" if vals else "–"
+
+    return f"{one(k1)} / {one(k2)}"
 
 
 def table(root, metric: str = "acc") -> str:

@@ -14,6 +14,7 @@ from .registry import register_attention
 __all__ = ["CGPTAttention"]
 
 _LATENT = ("free", "key_offset")
+_REDUCTIONS = ("sum", "mean")
 
 
 class _CorrelatedAttention(AttentionUnit):
@@ -29,6 +30,24 @@ class _CorrelatedAttention(AttentionUnit):
     """
 
     stochastic = True
+
+    def _init_reduction(self, reduction: str) -> None:
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"cgp_reduction must be one of {', '.join(_REDUCTIONS)}, "
+                             f"got {reduction!r}")
+        self.cgp_reduction = reduction
+
+    def _add_cgp_term(self, bound: torch.Tensor, mask: torch.Tensor | None, N: int,
+                      dtype: torch.dtype) -> None:
+        r"""Expose ``cgp_loss`` ``[B]`` = minus ``bound`` (summed over heads and columns), or with
+        ``cgp_reduction="mean"`` minus its average per entry, :math:`-	ext{bound} / (H D n_b)`
+        (:math:`n_b` real tokens): the same maximiser per sequence, on the scale of one token's
+        cross-entropy instead of :math:`H D n_b` times it."""
+        if self.cgp_reduction == "mean":
+            n_b = (mask.sum(-1) if mask is not None
+                   else torch.full_like(bound, float(N))).to(bound.dtype)
+            bound = bound / (self.heads * self.head_dim * n_b.clamp_min(1.0))
+        self.add_term("cgp_loss", -bound.to(dtype))
 
     def _init_projections(self, latent: str) -> None:
         if latent not in _LATENT:
@@ -107,6 +126,14 @@ class CGPTAttention(_CorrelatedAttention):
     :param cgp_loss: ``"jensen"`` (paper, closed form), ``"marginal"`` (the exact log marginal,
         tighter), ``"mc"`` (the paper's MC estimator with ``cgp_samples`` draws) or ``"none"``.
     :param cgp_samples: Monte-Carlo draws of :math:`z_o` for ``cgp_loss="mc"``.
+    :param cgp_reduction: ``"sum"`` (paper: summed over heads, columns and tokens) or ``"mean"``
+        (averaged per entry; see ``docs/derivations/cgpt.rst``, "Scale and boundedness").
+    :param cgp_observation_noise: if true, the regulariser scores :math:`\nu` and :math:`Z` as
+        observations with the model's noise, :math:`\Sigma_q + \sigma^2I` and
+        :math:`\Sigma_k + \sigma^2I` (as SCGPT's bound does). The paper's bound (false) is
+        unbounded above: :math:`\log|\Sigma_q| \to -\infty` as the latent inputs approach the
+        queries; with the noise each head and column is bounded by
+        :math:`-\tfrac{n_b}{2}\log(2\pi\sigma^2)` per side.
     :param attn_dropout: accepted for the common interface; unused (no explicit weights).
 
     Cost per (b, h): O(N³ + N² D) time, O(N²) memory; the posterior mean needs one Cholesky.
@@ -118,6 +145,7 @@ class CGPTAttention(_CorrelatedAttention):
 
     def __init__(self, dim: int, heads: int, *, noise: float = 1e-2, per_head_scales: bool = False,
                  latent: str = "free", cgp_loss: str = "jensen", cgp_samples: int = 1,
+                 cgp_reduction: str = "sum", cgp_observation_noise: bool = False,
                  attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
         if cgp_loss not in CorrelatedGP.LOSSES:
@@ -126,6 +154,8 @@ class CGPTAttention(_CorrelatedAttention):
         if int(cgp_samples) < 1:
             raise ValueError(f"cgp_samples must be >= 1, got {cgp_samples}")
         self.cgp_loss, self.cgp_samples = cgp_loss, int(cgp_samples)
+        self.cgp_observation_noise = bool(cgp_observation_noise)
+        self._init_reduction(cgp_reduction)
         self._init_projections(latent)
         self.gp = CorrelatedGP(heads, noise=noise, per_head_scales=per_head_scales)
 
@@ -134,6 +164,7 @@ class CGPTAttention(_CorrelatedAttention):
         t = self.gp.terms(q, k, x_o, mask, where=self.site_prefix)
         out, nu = self._emit(self.gp, t, v, x)
         if self.training and self.cgp_loss != "none":
-            bound = self.gp.lower_bound(t, nu, v, self.cgp_loss, self.cgp_samples)
-            self.add_term("cgp_loss", -bound.to(x.dtype))
+            bound = self.gp.lower_bound(t, nu, v, self.cgp_loss, self.cgp_samples,
+                                        observation_noise=self.cgp_observation_noise)
+            self._add_cgp_term(bound, mask, x.shape[1], x.dtype)
         return out

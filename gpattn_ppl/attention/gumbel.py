@@ -29,14 +29,16 @@ def update_temperatures(net: nn.Module, epoch: float, total_epochs: float | None
                         ) -> dict[str, float]:
     r"""Set the scheduled temperatures of every Gumbel unit in ``net`` for (fractional) ``epoch``.
 
-    The trainer calls it once per optimisation step (or per epoch) with the same fractional epoch
-    it gives the objective schedules, before the forward pass::
+    The trainer already does this per step through each unit's ``set_epoch(t, total_epochs)``
+    (``Trainer._set_epoch_hooks``); this function is the same for a whole network, for custom
+    loops::
 
         from gpattn_ppl.attention.gumbel import update_temperatures
         update_temperatures(net, epoch + step / steps_per_epoch, total_epochs)
 
     Units without a schedule keep their constant temperature; calling it on a network without
-    Gumbel units is a no-op. Evaluation uses the temperatures last set.
+    Gumbel units is a no-op. Evaluation uses the temperatures last set; they travel with the
+    state dict (the unit's extra state), so a checkpoint is evaluated at its own temperatures.
 
     :returns: ``{"<module path>.<attribute>": value}`` of the temperatures set (for logging).
     """
@@ -52,6 +54,17 @@ class _TemperatureScheduled:
     """Mixin: ``<attr>_schedule`` options that overwrite float attributes per epoch."""
 
     _scheduled: dict[str, Schedule]
+    #: the float temperature attributes, saved as the module's extra state
+    _temperature_attrs: tuple[str, ...] = ("temperature",)
+
+    def get_extra_state(self) -> torch.Tensor:
+        """The current temperatures (annealed ones included), in ``_temperature_attrs`` order."""
+        return torch.tensor([getattr(self, a) for a in self._temperature_attrs],
+                            dtype=torch.float64)
+
+    def set_extra_state(self, state) -> None:
+        for attr, value in zip(self._temperature_attrs, torch.as_tensor(state).tolist()):
+            setattr(self, attr, _check_temperature(value, attr))
 
     def set_epoch(self, epoch: float, total_epochs: float | None = None) -> dict[str, float]:
         """Apply every temperature schedule at ``epoch``; returns the values set."""

@@ -71,6 +71,8 @@ class HierarchicalGumbelAttention(GumbelAttention):
     torch.Size([3, 5, 8])
     """
 
+    _temperature_attrs = ("temperature", "centroid_temperature")
+
     def __init__(self, dim: int, heads: int, *, temperature: float = 1.0,
                  centroid_temperature: float = 1.0, temperature_schedule=None,
                  centroid_temperature_schedule=None, num_centroids: int = 16,

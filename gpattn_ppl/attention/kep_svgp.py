@@ -8,7 +8,6 @@ import pyro.poutine as poutine
 import torch
 from torch import nn
 
-from .. import settings
 from ..features.kernel_eigen import FEATURE_MAPS, KernelEigenFeatures
 from ..infer.sites import current_site_context
 from ..linalg import gp_precision
@@ -178,10 +177,8 @@ class KEPSVGPAttention(AttentionUnit):
         if self.merge == "concat" and N != self.seq_len:
             raise ValueError(f"{self.site_prefix or type(self).__name__}: merge='concat' was built "
                              f"for seq_len={self.seq_len}, got N={N}")
-        phi_q, phi_k = self.features.feature_maps(x)          # the O(N C^2) part: autocast ok
-        dtype = settings.gp_dtype.resolve(x.dtype)
+        E, R = self.features(x, mask)                         # [B, H, N, s] in the GP dtype
         with gp_precision(x.device.type):
-            E, R = self.features.project(phi_q.to(dtype), phi_k.to(dtype), mask)
             self.add_term("ksvd_loss", self.features.ksvd_loss(E, R, mask))
             self.strategy._clear_cache()
             if self.use_mean:

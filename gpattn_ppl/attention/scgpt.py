@@ -44,6 +44,8 @@ class SCGPTAttention(_CorrelatedAttention):
     :param k_o: ``"exact"`` (regulariser's K_o term O(N² m)) or ``"nystrom"`` (all O(N κ²)).
     :param inducing_init: ``"data"`` or ``"random"``.
     :param cgp_loss: ``"jensen"`` (App. E bound, closed form) or ``"none"``.
+    :param cgp_reduction: ``"sum"`` (paper) or ``"mean"`` (per entry), as for
+        :class:`CGPTAttention`.
     :param attn_dropout: accepted for the common interface; unused.
 
     Cost per (b, h): O(N κ (κ + D) + κ³) for the mean and a sample (κ = max(m, l)), memory
@@ -60,13 +62,14 @@ class SCGPTAttention(_CorrelatedAttention):
                  num_inducing_keys: int | None = None, noise: float = 0.1,
                  per_head_scales: bool = False, latent: str = "free", k_o: str = "exact",
                  inducing_init: str = "data", cgp_loss: str = "jensen",
-                 attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
+                 cgp_reduction: str = "sum", attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
         if cgp_loss not in self.LOSSES:
             raise ValueError(f"cgp_loss must be one of {', '.join(self.LOSSES)}, got {cgp_loss!r}")
         if inducing_init not in ("data", "random"):
             raise ValueError(f"inducing_init must be 'data' or 'random', got {inducing_init!r}")
         self.cgp_loss, self.inducing_init = cgp_loss, inducing_init
+        self._init_reduction(cgp_reduction)
         self._init_projections(latent)
         self.gp = SparseCorrelatedGP(heads, self.head_dim, num_inducing=num_inducing,
                                      num_inducing_keys=num_inducing_keys, noise=noise,
@@ -92,5 +95,5 @@ class SCGPTAttention(_CorrelatedAttention):
         t = self.gp.terms(q, k, x_o, mask, where=self.site_prefix)
         out, nu = self._emit(self.gp, t, v, x)
         if self.training and self.cgp_loss != "none":
-            self.add_term("cgp_loss", -self.gp.lower_bound(t, nu, v).to(x.dtype))
+            self._add_cgp_term(self.gp.lower_bound(t, nu, v), mask, x.shape[1], x.dtype)
         return out

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from gpytorch.constraints import Positive
 from gpytorch.module import Module
 from torch import nn
+
+from .. import settings
+from ..linalg import gp_precision
 
 __all__ = ["KernelEigenFeatures", "FEATURE_MAPS"]
 
@@ -94,10 +96,12 @@ class KernelEigenFeatures(Module):
     def feature_maps(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r""":math:`\Phi_q, \Phi_k`: ``[B, N, C] -> 2 x [B, H, N, D]`` (eq. 10's feature maps)."""
         B, N, _ = x.shape
-        q, k = self.qk(x).view(B, N, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        qk = self.qk(x).view(B, N, 2, self.heads, self.head_dim)
         if self.feature_map == "cosine":
-            # F.normalize clamps the norm at 1e-12: an all-zero (pad) row maps to 0, never NaN
-            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+            # q / max(||q||, 1e-12) as in F.normalize, one fused pass for q and k: an all-zero
+            # (pad) row maps to 0, never NaN
+            qk = qk * torch.rsqrt(qk.square().sum(-1, keepdim=True).clamp_min(1e-24))
+        q, k = qk.permute(2, 0, 3, 1, 4)
         return q, k
 
     def project(self, phi_q: torch.Tensor, phi_k: torch.Tensor, mask: torch.Tensor | None = None
@@ -107,8 +111,8 @@ class KernelEigenFeatures(Module):
         Rows of padded tokens (``mask[b, n] = False``) are set to exactly 0, so they take no part
         in the KSVD sums and their GP outputs are 0.
         """
-        E = torch.matmul(phi_q, self.W_e.to(phi_q.dtype))
-        R = torch.matmul(phi_k, self.W_r.to(phi_k.dtype))
+        E = torch.einsum("bhnd,hds->bhns", phi_q, self.W_e.to(phi_q.dtype))
+        R = torch.einsum("bhnd,hds->bhns", phi_k, self.W_r.to(phi_k.dtype))
         if mask is not None:
             keep = mask[:, None, :, None].to(E.dtype)
             E, R = E * keep, R * keep
@@ -116,9 +120,31 @@ class KernelEigenFeatures(Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x: [B, N, C]``, ``mask: [B, N]`` bool -> ``(E, R)``, each ``[B, H, N, s]``."""
-        phi_q, phi_k = self.feature_maps(x)
-        return self.project(phi_q, phi_k, mask)
+        r"""``x: [B, N, C]``, ``mask: [B, N]`` bool -> ``(E, R)``, each ``[B, H, N, s]``.
+
+        Equal to ``project(*feature_maps(x), mask)`` (tested) but computed without forming the
+        normalised feature maps: for the cosine map :math:`e(x) = W_e^\top q / \lVert q\rVert =
+        (q^\top W_e) / \lVert q\rVert`, so the projection is one strided batched matmul over
+        (role, head) on the ``Linear`` output (no copy of ``q, k``) followed by a scaling of the
+        small ``[.., s]`` result. The ``Linear`` runs in the input's (autocast) precision; the rest
+        in :class:`~gpattn_ppl.settings.gp_dtype` with autocast off, and ``E, R`` are returned in it.
+        """
+        B, N, _ = x.shape
+        H, D, s = self.heads, self.head_dim, self.rank
+        qk = self.qk(x)                                               # [B, N, 2C], role-major
+        dtype = settings.gp_dtype.resolve(x.dtype)
+        with gp_precision(x.device.type):
+            rows = qk.to(dtype).view(B * N, 2 * H, D)                 # row (b, n), col (role, h)
+            W = torch.stack([self.W_e, self.W_r]).to(dtype).view(2 * H, D, s)
+            ER = torch.bmm(rows.transpose(0, 1), W)                   # [2H, BN, s]
+            if self.feature_map == "cosine":
+                # 1 / max(||q||, 1e-12) as F.normalize: an all-zero (pad) row maps to 0, not NaN
+                inv = torch.linalg.vector_norm(rows, dim=-1).clamp_min(1e-12).reciprocal()
+                ER = ER * inv.T.unsqueeze(-1)
+            ER = ER.view(2, H, B, N, s).permute(0, 2, 1, 3, 4)        # [2, B, H, N, s]
+            if mask is not None:
+                ER = ER * mask[None, :, None, :, None].to(dtype)
+        return ER[0], ER[1]
 
     # -- KSVD objective -------------------------------------------------------------------------
     def ksvd_objective(self, E: torch.Tensor, R: torch.Tensor, mask: torch.Tensor | None = None

@@ -287,7 +287,7 @@ class CorrelatedGP(gpytorch.Module):
 
     # -- the CGP regulariser --------------------------------------------------------------------
     def lower_bound(self, t: CGPTerms, nu: torch.Tensor, v: torch.Tensor, kind: str = "jensen",
-                    samples: int = 1) -> torch.Tensor:
+                    samples: int = 1, *, observation_noise: bool = False) -> torch.Tensor:
         r"""The CGP objective per sequence, summed over heads and output columns, ``[B]``.
 
         For each head and column a, with :math:`z_a` the a-th column of
@@ -310,6 +310,10 @@ class CorrelatedGP(gpytorch.Module):
 
         Constants use the number of real tokens :math:`n_b`. Cost O(N³ + N² D) per (b, h).
 
+        With ``observation_noise`` every :math:`\Sigma_q, \Sigma_k` above becomes
+        :math:`\Sigma_q + \sigma^2I, \Sigma_k + \sigma^2I` (ν and Z scored as noisy observations),
+        which bounds each term above by :math:`-\tfrac{n_b D}{2}\log(2\pi\sigma^2)`.
+
         :param nu: the posterior mean ``[B, H, N, D]`` (gradients flow through it).
         :param v: the values ``[B, H, N, D]``.
         :returns: ``[B]``, the bound (to be maximised; the unit reports its negative).
@@ -323,7 +327,11 @@ class CorrelatedGP(gpytorch.Module):
         z = t.K_k @ v + t.noise_var * v
         D = nu.shape[-1]
         const = D * t.n_b * _LOG_2PI
-        chol = lambda S: linalg.cholesky(S + t.pad_eye, where=t.where, head_dim=1)  # noqa: E731
+        floor = 0.0
+        if observation_noise:  # sigma^2 I on the real block; pads keep their unit diagonal
+            floor = t.noise_var * (t.eye if t.pair is None else t.eye * t.pair)
+        chol = lambda S: linalg.cholesky(S + floor + t.pad_eye, where=t.where,  # noqa: E731
+                                         head_dim=1)
         if kind == "marginal":
             bound = 0.0
             for target, S in ((nu, t.sigma_q + t.X_q), (z, t.sigma_k + t.X_k)):

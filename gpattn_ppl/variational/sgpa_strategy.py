@@ -16,10 +16,10 @@ of every kernel matrix are zeroed and 1 is put on the pad diagonal of every matr
 factorised, pad rows of values are zeroed -- the real block is then the computation on the
 unpadded sequence and pads contribute exactly nothing (to the KL either).
 
-Inducing values are **whitened**: :math:`u = L u_w` with :math:`L L^\top = K_{uu} + \epsilon\,\mathrm{diag}(K_{uu})`
-(a jitter relative to the prior variances, :func:`scaled_cholesky`),
-prior :math:`u_w \sim \mathcal N(0, I)` (:class:`StandardNormalMVN`, with an O(n²) KL
-registered against any multivariate normal).
+Inducing values are **whitened**: :math:`u = L u_w` with
+:math:`L L^\top = K_{uu} + \epsilon\,\mathrm{diag}(K_{uu})` (a jitter relative to the prior
+variances, :func:`scaled_cholesky`), prior :math:`u_w \sim \mathcal N(0, I)`
+(:class:`StandardNormalMVN`, with an O(n²) KL registered against any multivariate normal).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """CGPT: the inherited unit contract plus brute-force checks of the CGP algebra (METHODS §2)."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -207,6 +208,62 @@ def test_marginal_is_the_exact_log_marginal_and_bounds_jensen():
     for b in range(x.shape[0]):
         ref = sum(refs[(b, h)].marginal(nu[b, h].detach(), v[b, h]) for h in range(unit.heads))
         torch.testing.assert_close(marg[b], ref, rtol=1e-8, atol=1e-8)
+
+
+@settings.cholesky_jitter(float64=1e-15)
+def test_observation_noise_regulariser_matches_references_and_is_bounded():
+    S = 20_000
+    unit = _unit(dim=4, heads=2, noise=0.3)
+    x = _x(B=1, N=4, C=4)
+    refs, q, k, v, xo = _refs(unit, x)
+    s2 = unit.gp.noise**2
+    t = unit.gp.terms(q, k, xo)
+    nu = unit.gp.mean(t, v)
+    marg = unit.gp.lower_bound(t, nu, v, "marginal", observation_noise=True).detach()
+    ref = sum(refs[(0, h)].marginal(nu[0, h].detach(), v[0, h], obs_var=s2) for h in range(2))
+    torch.testing.assert_close(marg[0], ref, rtol=1e-8, atol=1e-8)
+    closed = unit.gp.lower_bound(t, nu, v, "jensen", observation_noise=True).detach()
+    gen = torch.Generator().manual_seed(0)
+    per_draw = sum(refs[(0, h)].jensen_mc_terms(nu[0, h].detach(), v[0, h], S, gen, obs_var=s2)
+                   for h in range(2))
+    _five_sigma(per_draw[:, None], closed, "noisy Jensen bound vs MC")
+    assert (marg >= closed).all()
+    # with zero values the paper's bound is unbounded above: scaling sigma_q, sigma_k by c scales
+    # Sigma_q, X_q, Sigma_k, X_k by c^2, so the bound moves by exactly -2 H D n log c (the
+    # collapse direction seen on CoLA); the noisy one stays below -n D log(2 pi sigma^2) per head
+    small = _unit(dim=4, heads=2, noise=1e-2)
+    q, k, xo = torch.randn(3, 1, 2, 4, 2, dtype=DT, generator=torch.Generator().manual_seed(3))
+    v = torch.zeros(1, 2, 4, 2, dtype=DT)
+    cap = -2 * 2 * 4 * 2 * 0.5 * math.log(2 * math.pi * small.gp.noise**2)  # H sides n D / 2
+    paper, noisy = [], []
+    for c in (1e-1, 1e-3):
+        with torch.no_grad():
+            raw = small.gp.raw_scale_q_constraint.inverse_transform(torch.tensor(c, dtype=DT))
+            small.gp.raw_scale_q.fill_(raw)
+            small.gp.raw_scale_k.fill_(raw)
+        t = small.gp.terms(q, k, xo)
+        nu = small.gp.mean(t, v)
+        paper.append(small.gp.lower_bound(t, nu, v, "jensen").item())
+        noisy.append(small.gp.lower_bound(t, nu, v, "jensen", observation_noise=True).item())
+    assert paper[1] - paper[0] == pytest.approx(-2 * 2 * 2 * 4 * math.log(1e-2), rel=1e-6)
+    assert max(noisy) <= cap
+
+
+def test_mean_reduction_is_the_sum_per_entry():
+    torch.manual_seed(0)
+    x = _x(B=2, N=6)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[0, 4:] = False
+    terms = {}
+    for red in ("sum", "mean"):
+        unit = _unit(noise=0.1, cgp_reduction=red).train()
+        torch.manual_seed(1)
+        unit(x, mask)
+        terms[red] = unit.objective_terms()["cgp_loss"]
+    n_b = mask.sum(-1).to(DT)
+    torch.testing.assert_close(terms["mean"], terms["sum"] / (2 * 4 * n_b))
+    with pytest.raises(ValueError, match="cgp_reduction"):
+        CGPTAttention(8, 2, cgp_reduction="avg")
 
 
 def test_regulariser_is_padding_invariant_and_reported_only_in_training():

@@ -127,8 +127,8 @@ def test_reduces_to_sto_trans_when_centroids_are_the_keys(monkeypatch):
                  temperature=0.9)
     flat = GumbelAttention(8, 2, temperature=0.9).double().eval()
     with torch.no_grad():
-        flat.load_state_dict({k: v for k, v in hier.state_dict().items()
-                              if k.startswith(("qkv", "out"))})
+        flat.qkv.load_state_dict(hier.qkv.state_dict())
+        flat.out.load_state_dict(hier.out.state_dict())
         # keys = x: W_k = I, b_k = 0 on the key block
         for u in (hier, flat):
             u.qkv.weight[8:16] = torch.eye(8, dtype=D64)
@@ -319,3 +319,14 @@ def test_fused_thin_path_equals_the_materialised_site_path(mean):
     with site_context(SiteContext("sites", "guide", None)), posterior_mean(mean):
         sites = unit(x, mask)
     torch.testing.assert_close(thin[mask], sites[mask])
+
+
+def test_annealed_temperatures_travel_with_the_state_dict():
+    unit = HierarchicalGumbelAttention(8, 2, temperature=30.0, centroid_temperature=2.0,
+                                       temperature_schedule={"start": 30.0, "end": 20.0,
+                                                             "epochs": 10})
+    unit.set_epoch(10.0)
+    unit.centroid_temperature = 0.5
+    other = HierarchicalGumbelAttention(8, 2, temperature=30.0, centroid_temperature=2.0)
+    other.load_state_dict(unit.state_dict())
+    assert other.temperature == pytest.approx(20.0) and other.centroid_temperature == 0.5

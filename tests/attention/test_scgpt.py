@@ -53,7 +53,7 @@ class TestSCGPTAttentionVariants(AttentionUnitTestCase):
     def make_unit(self, dim, heads):
         return SCGPTAttention(dim, heads, num_inducing=4, num_inducing_keys=2, noise=0.3,
                               k_o="nystrom", latent="key_offset", per_head_scales=True,
-                              inducing_init="random")
+                              inducing_init="random", cgp_reduction="mean")
 
 
 # -- mean --------------------------------------------------------------------------------------
@@ -181,6 +181,19 @@ def test_loss_is_padding_invariant_and_reported_only_in_training():
     unit.eval()
     unit(x, mask)
     assert unit.objective_terms() == {}
+
+
+def test_mean_reduction_is_the_sum_per_entry():
+    x = _x(B=2, N=6)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[0, 4:] = False
+    terms = {}
+    for red in ("sum", "mean"):
+        unit = _unit(num_inducing=3, noise=0.3, cgp_reduction=red).train()
+        torch.manual_seed(1)
+        unit(x, mask)
+        terms[red] = unit.objective_terms()["cgp_loss"]
+    torch.testing.assert_close(terms["mean"], terms["sum"] / (2 * 4 * mask.sum(-1).to(DT)))
 
 
 # -- structure: linear in N -----------------------------------------------------------------------

@@ -65,6 +65,12 @@ def test_options_are_keyword_only_and_validated():
         SGPAttention(8, 2, kernel="laplace")
     with pytest.raises(ValueError, match="max_len"):
         SGPAttention(8, 2, variant="standard", max_len=4)(_x(N=5).float())
+    with pytest.raises(ValueError, match="outputscale_init"):
+        SGPAttention(8, 2, outputscale_init=0.0)
+    # [ref] init log sigma_f^2 = -4: the unit starts near zero so the residual stream dominates
+    torch.testing.assert_close(SGPAttention(8, 2).kernel.outputscale, torch.full((2,), 0.0183),
+                               atol=1e-4, rtol=0)
+    assert {"outputscale_init"} <= set(opts)
 
 
 # -- standard: references --------------------------------------------------------------------------

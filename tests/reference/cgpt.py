@@ -65,12 +65,14 @@ class CGPReference:
             out.append(zq)
         return torch.stack(out, -1)
 
-    def jensen_mc_terms(self, nu, v, S, gen):
-        """Per-draw values of the paper's estimator (eqs. 42-43) summed over columns, ``[S]``."""
+    def jensen_mc_terms(self, nu, v, S, gen, obs_var=0.0):
+        """Per-draw values of the paper's estimator (eqs. 42-43) summed over columns, ``[S]``;
+        ``obs_var`` adds observation noise to both conditional covariances."""
         n, D = nu.shape
         zo = mvn_draws(torch.zeros(n, dtype=nu.dtype), self.Ko, S, gen)  # [S, n]
         total = torch.zeros(S, dtype=nu.dtype)
-        for target, A, Sig in ((nu, self.Aq, self.Sq), (self.z(v), self.Ak, self.Sk)):
+        for target, A, Sig in ((nu, self.Aq, self.Sq + obs_var * self.I),
+                               (self.z(v), self.Ak, self.Sk + obs_var * self.I)):
             r = target[None] - (zo @ A.T)[:, :, None]                     # [S, n, D]
             quad = (r * solve(Sig, r.transpose(0, 1).reshape(n, -1)).reshape(n, S, D)
                     .transpose(0, 1)).sum((1, 2))
@@ -78,11 +80,11 @@ class CGPReference:
             total = total - 0.5 * (quad + D * logdet + D * n * math.log(2 * math.pi))
         return total
 
-    def marginal(self, nu, v):
-        """log N(nu_a; 0, K_q - s2 F^T F) + log N(z_a; 0, ...) summed over columns."""
+    def marginal(self, nu, v, obs_var=0.0):
+        """log N(nu_a; 0, K_q - s2 F^T F [+ obs_var I]) + log N(z_a; 0, ...) over columns."""
         out = 0.0
         for target, A, Sig in ((nu, self.Aq, self.Sq), (self.z(v), self.Ak, self.Sk)):
-            cov = Sig + A @ self.Ko @ A.T
+            cov = Sig + A @ self.Ko @ A.T + obs_var * self.I
             mvn = torch.distributions.MultivariateNormal(torch.zeros(len(cov), dtype=cov.dtype),
                                                          covariance_matrix=0.5 * (cov + cov.T))
             out = out + mvn.log_prob(target.T).sum()

@@ -351,3 +351,18 @@ def test_vectorised_over_batch_heads_and_dims():
         return _count_ops(fn)
 
     assert run(2, 1, 2) == run(5, 4, 6)
+
+
+@pytest.mark.parametrize("feature_map", ["cosine", "linear"])
+def test_fused_forward_equals_explicit_feature_maps_and_projection(feature_map):
+    feats = _strategy(feature_map=feature_map).features
+    x = torch.randn(3, N, H * P_DIM, dtype=torch.float64)
+    x[1, 2] = 0.0                                                            # a zero (pad-like) row
+    mask = torch.ones(3, N, dtype=torch.bool)
+    mask[0, 5:] = False
+    for m in (None, mask):
+        E, R = feats(x, m)
+        E2, R2 = feats.project(*feats.feature_maps(x), m)
+        torch.testing.assert_close(E, E2, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(R, R2, rtol=1e-12, atol=1e-12)
+        assert torch.isfinite(E).all()
