@@ -17,14 +17,17 @@ is asserted by tests.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 
-import torch
-
-from gpattn_ppl.attention import build_attention
-from gpattn_ppl.benchmarking import loglog_slope, time_fn, write_json
+from gpattn_ppl.benchmarking import (
+    bench_arg_parser,
+    bench_device,
+    loglog_slope,
+    round_summary,
+    spec_step_time,
+    time_against_softmax,
+    write_json,
+)
 
 RATIO_SPECS = [
     {"kind": "cgpt"},                                   # jensen regulariser (paper)
@@ -42,59 +45,20 @@ SCALING_SPECS = {
 }
 
 
-def _step_fn(unit, x, mask):
-    def step():
-        out = unit(x, mask)
-        loss = out.square().mean() + sum(v.sum() for v in unit.objective_terms().values())
-        loss.backward()
-        unit.zero_grad(set_to_none=True)
-        x.grad = None
-
-    return step
-
-
-def _build(spec: dict, C: int, H: int, device):
-    opts = {k: v for k, v in spec.items() if k != "kind"}
-    return build_attention(spec["kind"], C, H, **opts).to(device).train()
-
-
-def _inputs(B: int, N: int, C: int, device):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(B, N, C, generator=g).to(device).requires_grad_(True)
-    return x, torch.ones(B, N, dtype=torch.bool, device=device)
-
-
 def ratio_table(a, device) -> dict:
-    x, mask = _inputs(a.B, a.N, a.C, device)
-    specs = [{"kind": "softmax"}] + RATIO_SPECS
-    torch.manual_seed(0)
-    steps = [_step_fn(_build(spec, a.C, a.H, device), x, mask) for spec in specs]
-    times = [[] for _ in specs]
-    for _ in range(a.rounds):
-        for i, step in enumerate(steps):
-            times[i].append(time_fn(step, repeats=a.repeats, warmup=2, device=device)["median_s"])
-    rows = []
-    for spec, ts in zip(specs, times):
-        ratios = [t / b for t, b in zip(ts, times[0])]
-        rows.append({"kind": spec["kind"], "options": {k: v for k, v in spec.items() if k != "kind"},
-                     "median_s": statistics.median(ts), "round_medians_s": ts,
-                     "ratio_to_softmax": statistics.median(ratios)})
+    rows = time_against_softmax(RATIO_SPECS, B=a.B, N=a.N, dim=a.C, heads=a.H, rounds=a.rounds,
+                                repeats=a.repeats, device=device)
     return {"B": a.B, "N": a.N, "C": a.C, "H": a.H, "rounds": a.rounds, "repeats": a.repeats,
-            "layers": rows}
+            "layers": [round_summary(r) for r in rows]}
 
 
 def scaling_table(a, device) -> dict:
     out = {}
     for name, spec in SCALING_SPECS.items():
-        ns, times = list(a.scaling_ns), []
-        for n in ns:
-            torch.manual_seed(0)
-            x, mask = _inputs(a.scaling_B, n, a.C, device)
-            unit = _build(spec, a.C, a.H, device)
-            reps = max(2, min(a.repeats, int(a.repeats * 64 / n)))
-            times.append(time_fn(_step_fn(unit, x, mask), repeats=reps, warmup=1,
-                                 device=device)["median_s"])
-            del unit, x, mask
+        ns = list(a.scaling_ns)
+        times = [spec_step_time(spec, a.scaling_B, n, a.C, a.H, warmup=1, device=device,
+                                repeats=max(2, min(a.repeats, int(a.repeats * 64 / n))))["median_s"]
+                 for n in ns]
         out[name] = {"N": ns, "median_s": times,
                      "loglog_slope": loglog_slope(ns, times) if len(ns) > 1 else None,
                      "loglog_slope_last_two": (loglog_slope(ns[-2:], times[-2:])
@@ -103,28 +67,16 @@ def scaling_table(a, device) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--B", type=int, default=32)
-    p.add_argument("--N", type=int, default=64)
-    p.add_argument("--C", type=int, default=128)
-    p.add_argument("--H", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=5)
+    p = bench_arg_parser(__doc__.splitlines()[0], rounds=5, repeats=5,
+                         out="benchmarks/results/cgpt.json")
     p.add_argument("--scaling-ns", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--scaling-B", type=int, default=4)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads (1 keeps timings stable on a shared machine)")
     p.add_argument("--no-scaling", action="store_true", help="only the ratio table")
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--out", default="benchmarks/results/cgpt.json")
     a = p.parse_args(argv)
     if a.smoke:
         a.B, a.N, a.C, a.H, a.rounds, a.repeats = 2, 8, 16, 2, 1, 2
         a.scaling_ns, a.scaling_B = [8, 16, 32], 2
-    if a.threads > 0:
-        torch.set_num_threads(a.threads)
-    device = torch.device(a.device)
+    device = bench_device(a)
     res = {"ratio": ratio_table(a, device),
            "scaling": None if a.no_scaling else scaling_table(a, device),
            "targets": {"cgpt_ratio_max": 6.0, "scgpt_m16_ratio_max": 3.0,

@@ -17,15 +17,21 @@ asserted by tests.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
 import torch
 
-from gpattn_ppl.attention import build_attention
-from gpattn_ppl.benchmarking import loglog_slope, time_fn, write_json
+from gpattn_ppl.benchmarking import (
+    bench_arg_parser,
+    bench_device,
+    loglog_slope,
+    spec_step_time,
+    time_against_softmax,
+    time_fn,
+    write_json,
+)
 
 
 def _specs(s: int, N: int) -> list[dict]:
@@ -36,17 +42,6 @@ def _specs(s: int, N: int) -> list[dict]:
         {"kind": "kep_svgp", "rank": s, "merge": "concat", "seq_len": N, "token_mixing": "low_rank"},
         {"kind": "kep_svgp", "rank": s, "merge": "concat", "seq_len": N, "token_mixing": "dense"},
     ]
-
-
-def _step_fn(unit, x, mask):
-    def step():
-        out = unit(x, mask)
-        loss = out.square().mean() + sum(v.sum() for v in unit.objective_terms().values())
-        loss.backward()
-        unit.zero_grad(set_to_none=True)
-        x.grad = None
-
-    return step
 
 
 def _time(fn, *, repeats: int, warmup: int, device) -> dict[str, float]:
@@ -67,37 +62,18 @@ def _time(fn, *, repeats: int, warmup: int, device) -> dict[str, float]:
     return out
 
 
-def _build(spec: dict, C: int, H: int, device):
-    opts = {k: v for k, v in spec.items() if k != "kind"}
-    return build_attention(spec["kind"], C, H, **opts).to(device).train()
-
-
-def _inputs(B: int, N: int, C: int, device):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(B, N, C, generator=g).to(device).requires_grad_(True)
-    return x, torch.ones(B, N, dtype=torch.bool, device=device)
-
-
 def ratio_table(a, device) -> dict:
-    x, mask = _inputs(a.B, a.N, a.C, device)
-    specs = [{"kind": "softmax"}] + _specs(a.s, a.N)
-    torch.manual_seed(0)
-    steps = [_step_fn(_build(spec, a.C, a.H, device), x, mask) for spec in specs]
     key = "cpu_median_s" if device.type == "cpu" else "wall_median_s"
-    times = {k: [[] for _ in specs] for k in ("wall_median_s", key)}
-    for _ in range(a.rounds):
-        for i, step in enumerate(steps):
-            t = _time(step, repeats=a.repeats, warmup=2, device=device)
-            for k in times:
-                times[k][i].append(t[k])
+    keys = tuple(dict.fromkeys(("wall_median_s", key)))
     rows = []
-    for i, spec in enumerate(specs):
-        row = {"kind": spec["kind"], "options": {k: v for k, v in spec.items() if k != "kind"}}
-        for k, ts in times.items():
-            ratios = [t / b for t, b in zip(ts[i], times[k][0])]
-            row[k] = statistics.median(ts[i])
-            row[f"round_{k}"] = ts[i]
-            row[f"ratio_to_softmax_{k.split('_')[0]}"] = statistics.median(ratios)
+    for r in time_against_softmax(_specs(a.s, a.N), B=a.B, N=a.N, dim=a.C, heads=a.H,
+                                  rounds=a.rounds, repeats=a.repeats, device=device, timer=_time,
+                                  keys=keys):
+        row = {"kind": r["kind"], "options": r["options"]}
+        for k in keys:
+            row[k] = statistics.median(r["rounds"][k])
+            row[f"round_{k}"] = r["rounds"][k]
+            row[f"ratio_to_softmax_{k.split('_')[0]}"] = statistics.median(r["ratios"][k])
         row["ratio_to_softmax"] = row[f"ratio_to_softmax_{key.split('_')[0]}"]
         rows.append(row)
     return {"B": a.B, "N": a.N, "C": a.C, "H": a.H, "s": a.s, "rounds": a.rounds,
@@ -112,16 +88,10 @@ def scaling_table(a, device) -> dict:
                        ("softmax", {"kind": "softmax"})):
         ns = [n for n in a.scaling_ns if name != "softmax" or n <= a.softmax_max_n]
         key = "cpu_median_s" if device.type == "cpu" else "wall_median_s"
-        times, walls = [], []
-        for n in ns:
-            torch.manual_seed(0)
-            x, mask = _inputs(a.B, n, a.C, device)
-            unit = _build(spec, a.C, a.H, device)
-            reps = max(3, min(a.repeats, int(a.repeats * 256 / n)))
-            t = _time(_step_fn(unit, x, mask), repeats=reps, warmup=1, device=device)
-            times.append(t[key])
-            walls.append(t["wall_median_s"])
-            del unit, x, mask
+        ts = [spec_step_time(spec, a.B, n, a.C, a.H, warmup=1, device=device, timer=_time,
+                             repeats=max(3, min(a.repeats, int(a.repeats * 256 / n))))
+              for n in ns]
+        times, walls = [t[key] for t in ts], [t["wall_median_s"] for t in ts]
         half = len(ns) // 2
         out[name] = {"N": ns, key: times, "wall_median_s": walls,
                      "loglog_slope": loglog_slope(ns, times) if len(ns) > 1 else None,
@@ -132,29 +102,17 @@ def scaling_table(a, device) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--B", type=int, default=32)
-    p.add_argument("--N", type=int, default=64)
-    p.add_argument("--C", type=int, default=128)
-    p.add_argument("--H", type=int, default=4)
+    p = bench_arg_parser(__doc__.splitlines()[0], rounds=7, repeats=10,
+                         out="benchmarks/results/kep_svgp.json")
     p.add_argument("--s", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--scaling-ns", type=int, nargs="+", default=[64, 256, 1024, 4096])
     p.add_argument("--softmax-max-n", type=int, default=1024,
                    help="largest N timed for the softmax series (its memory is O(B H N^2))")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads (1 keeps timings stable on a shared machine)")
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--out", default="benchmarks/results/kep_svgp.json")
     a = p.parse_args(argv)
     if a.smoke:
         a.B, a.N, a.C, a.H, a.s, a.rounds, a.repeats = 2, 8, 16, 2, 3, 1, 2
         a.scaling_ns, a.softmax_max_n = [8, 16], 16
-    if a.threads > 0:
-        torch.set_num_threads(a.threads)
-    device = torch.device(a.device)
+    device = bench_device(a)
     res = {"ratio": ratio_table(a, device), "scaling": scaling_table(a, device),
            "targets": {"ratio_add_max": 1.2, "loglog_slope_add_max": 1.15}, "smoke": a.smoke}
     path = write_json(res, a.out)

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import torch
 
-from gpattn_ppl.attention import build_attention
-from gpattn_ppl.benchmarking import layer_step_time, loglog_slope, write_json
+from gpattn_ppl.benchmarking import loglog_slope, spec_step_time, write_json
 
 FORMS = {
     "softmax": {"kind": "softmax"},
@@ -39,13 +38,9 @@ FORMS = {
 
 
 def _time(spec: dict, B: int, N: int, C: int, H: int, repeats: int) -> dict:
-    spec = dict(spec)
-    kind = spec.pop("kind")
-    if kind == "sgpa" and spec.get("variant") == "standard":
-        spec["max_len"] = max(N, 128)
-    torch.manual_seed(0)
-    unit = build_attention(kind, C, H, **spec)
-    return layer_step_time(unit, B, N, repeats=repeats)
+    if spec["kind"] == "sgpa" and spec.get("variant") == "standard":
+        spec = {**spec, "max_len": max(N, 128)}
+    return spec_step_time(spec, B, N, C, H, repeats=repeats)
 
 
 def run(B: int, N: int, C: int, H: int, ns: list[int], sweep_batch: int, repeats: int,

@@ -17,6 +17,12 @@ DEMO_PRESETS: dict[str, dict] = {
     # the KEP-SVGP paper's setting: only the last block is replaced
     "kep_svgp": {"attention": {"kind": "softmax"},
                  "overrides": [{"blocks": [-1], "attention": {"kind": "kep_svgp"}}]},
+    # the CoLA settings of experiments/configs/cola/{cgpt,scgpt}.yaml: sigma = 0.5, the CGP bound
+    # per entry (and with observation noise for CGPT; the paper's summed bound collapses CoLA)
+    "cgpt": {"attention": {"kind": "cgpt", "noise": 0.5, "cgp_reduction": "mean",
+                           "cgp_observation_noise": True}},
+    "scgpt": {"attention": {"kind": "scgpt", "num_inducing": 5, "noise": 0.5,
+                            "cgp_reduction": "mean"}},
 }
 
 _BASE = {

@@ -38,10 +38,9 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat
 
-from ._validation import conf_correct_streaming, confidence_and_correct
+from ._streaming import ConfidenceCorrectMetric
+from ._validation import confidence_and_correct
 
 __all__ = [
     "calibration_bins",
@@ -160,7 +159,7 @@ def maximum_calibration_error(probs, labels, n_bins: int = 15) -> float:
     return float(_calibration_error(conf, correct, n_bins, "max"))
 
 
-class CalibrationError(Metric):
+class CalibrationError(ConfidenceCorrectMetric):
     r"""Streaming top-label ECE (``norm="l1"``) or MCE (``norm="max"``) as a torchmetrics Metric.
 
     Same definition as :func:`expected_calibration_error` / :func:`maximum_calibration_error`
@@ -183,12 +182,7 @@ class CalibrationError(Metric):
     0.366667
     """
 
-    is_differentiable = False
     higher_is_better = False
-    full_state_update = False
-
-    confidences: list[Tensor]
-    correct: list[Tensor]
 
     def __init__(self, n_bins: int = 15, norm: Literal["l1", "max"] = "l1", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -196,19 +190,8 @@ class CalibrationError(Metric):
             raise ValueError(f"norm must be 'l1' (ECE) or 'max' (MCE), got {norm!r}")
         self.n_bins = _check_bins(n_bins)
         self.norm = norm
-        self.add_state("confidences", default=[], dist_reduce_fx="cat")
-        self.add_state("correct", default=[], dist_reduce_fx="cat")
-
-    def update(self, probs: Tensor, labels: Tensor) -> None:
-        """Append the batch's top-label confidences and correctness flags."""
-        conf, correct = conf_correct_streaming(probs, labels)
-        self.confidences.append(conf)
-        self.correct.append(correct)
 
     def compute(self) -> Tensor:
         """ECE or MCE over everything seen (all batches, all processes)."""
-        conf = dim_zero_cat(self.confidences)
-        correct = dim_zero_cat(self.correct)
-        if conf.numel() == 0:
-            raise ValueError("CalibrationError.compute() called with no samples")
+        conf, correct = self._gathered()
         return _calibration_error(conf, correct, self.n_bins, self.norm)

@@ -96,14 +96,6 @@ _CLASSIFICATION = (
 )
 # names used in experiment configs (DESIGN.md) -> canonical name; the result keeps the alias
 _ALIASES = {"auroc": "fail_auroc", "fpr95": "fail_fpr95", "accuracy": "acc"}
-_DETECTOR_ORDER = (
-    "max_softmax",
-    "entropy",
-    "energy",
-    "kl_matching",
-    "mutual_info",
-    "pred_variance",
-)
 
 
 def classification_report(
@@ -242,7 +234,8 @@ def ood_report(
     >>> ood_report(id_p, None, ood_p, None)["max_softmax"]["auroc"]
     1.0
     """
-    from ..ood.scores import ood_score  # lazy: gpattn_ppl.ood imports this package
+    # lazy: gpattn_ppl.ood imports this package
+    from ..ood.scores import DETECTOR_NAMES, ood_score
 
     p_in = as_probs(id_probs, "id_probs")
     p_out = as_probs(ood_probs, "ood_probs")
@@ -262,7 +255,7 @@ def ood_report(
             "mutual_info": multi_pass,
             "pred_variance": multi_pass,
         }
-        detectors = [d for d in _DETECTOR_ORDER if wanted[d]]
+        detectors = [d for d in DETECTOR_NAMES if wanted[d]]
     if isinstance(detectors, str):
         raise ValueError(f"detectors must be a sequence of names, got the string {detectors!r}")
     out: dict[str, dict[str, float]] = {}

@@ -28,10 +28,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat
 
-from ._validation import conf_correct_streaming, confidence_and_correct
+from ._streaming import ConfidenceCorrectMetric
+from ._validation import confidence_and_correct
 
 __all__ = ["risk_coverage_curve", "aurc", "eaurc", "AURC"]
 
@@ -116,7 +115,7 @@ def eaurc(probs, labels) -> float:
     return float(_eaurc(conf, correct))
 
 
-class AURC(Metric):
+class AURC(ConfidenceCorrectMetric):
     r"""Streaming AURC (or E-AURC with ``excess=True``) as a torchmetrics Metric.
 
     Same definition as :func:`aurc` / :func:`eaurc`. States are the per-sample confidences and
@@ -127,6 +126,9 @@ class AURC(Metric):
     :param excess: return E-AURC instead of AURC (``nan`` if every prediction is wrong).
     :param kwargs: passed to :class:`torchmetrics.Metric`.
 
+    ``update(probs, labels)`` takes ``probs`` ``[B, K]`` or ``[T, B, K]`` (averaged over ``T``)
+    and labels ``[B]``; ``compute()`` returns a 0-d float64 tensor. Memory :math:`O(n)`.
+
     >>> m = AURC()
     >>> m.update(torch.tensor([[0.9, 0.1]]), torch.tensor([1]))
     >>> m.update(torch.tensor([[0.6, 0.4]]), torch.tensor([0]))
@@ -134,29 +136,13 @@ class AURC(Metric):
     0.75
     """
 
-    is_differentiable = False
     higher_is_better = False
-    full_state_update = False
-
-    confidences: list[Tensor]
-    correct: list[Tensor]
 
     def __init__(self, excess: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.excess = bool(excess)
-        self.add_state("confidences", default=[], dist_reduce_fx="cat")
-        self.add_state("correct", default=[], dist_reduce_fx="cat")
-
-    def update(self, probs: Tensor, labels: Tensor) -> None:
-        """Append the batch's top-label confidences and correctness flags."""
-        conf, correct = conf_correct_streaming(probs, labels)
-        self.confidences.append(conf)
-        self.correct.append(correct)
 
     def compute(self) -> Tensor:
         """AURC (or E-AURC) over everything seen, as a 0-d float64 tensor."""
-        conf = dim_zero_cat(self.confidences)
-        correct = dim_zero_cat(self.correct)
-        if conf.numel() == 0:
-            raise ValueError("AURC.compute() called with no samples")
+        conf, correct = self._gathered()
         return _eaurc(conf, correct) if self.excess else _aurc(conf, correct)

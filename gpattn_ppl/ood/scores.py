@@ -33,18 +33,20 @@ from torch import Tensor
 from ..metrics._validation import EPS, SUM_TOL, as_logits, as_probs, top_label
 from ..metrics.uncertainty import _entropy
 
-__all__ = ["SCORE_NAMES", "ood_score", "kl_matching_templates"]
+__all__ = ["SCORE_NAMES", "DETECTOR_NAMES", "ood_score", "kl_matching_templates"]
 
-#: Names accepted by :func:`ood_score`.
-SCORE_NAMES: tuple[str, ...] = (
+#: The distinct detectors, in report order (:data:`SCORE_NAMES` without the alias
+#: ``gp_variance``).
+DETECTOR_NAMES: tuple[str, ...] = (
     "max_softmax",
     "entropy",
     "energy",
     "kl_matching",
     "mutual_info",
     "pred_variance",
-    "gp_variance",
 )
+#: Names accepted by :func:`ood_score`.
+SCORE_NAMES: tuple[str, ...] = (*DETECTOR_NAMES, "gp_variance")
 
 
 def kl_matching_templates(val_probs) -> Tensor:

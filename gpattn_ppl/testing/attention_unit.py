@@ -9,7 +9,8 @@ dozen inherited checks then run on the new unit:
 
 Class attributes tune the checks: ``dim``/``heads``/``seq_len``, ``params_without_grad`` (names
 of parameters that legitimately get no gradient), ``token_permutation_equivariant``,
-``mean_atol``.
+``fixed_length`` (the unit is built for one N, e.g. KEP-SVGP's concat merge: the unpadded-sequence
+check becomes "a shorter sequence raises"), ``atol``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class AttentionUnitTestCase:
     dtype: torch.dtype = torch.float64
     params_without_grad: frozenset = frozenset()
     token_permutation_equivariant: bool = True
+    #: the unit only accepts N == seq_len (a shorter unpadded sequence must raise ValueError)
+    fixed_length: bool = False
     #: atol of deterministic / posterior-mean comparisons (float64)
     atol: float = 1e-8
 
@@ -73,11 +76,16 @@ class AttentionUnitTestCase:
         assert torch.isfinite(out).all()
 
     def test_padding_invariance(self):
-        """Real tokens of a padded batch give the output of the unpadded sequence."""
+        """Real tokens of a padded batch give the output of the unpadded sequence (for a
+        ``fixed_length`` unit: the unpadded shorter sequence is refused with a ValueError)."""
         unit = self._unit()
         x, mask = self._inputs()
         out = self._call(unit, x, mask)
         n = int(mask[0].sum())
+        if self.fixed_length:
+            with pytest.raises(ValueError, match=str(self.seq_len)):
+                self._call(unit, x[:1, :n], None)
+            return
         alone = self._call(unit, x[:1, :n], None)
         torch.testing.assert_close(out[0, :n], alone[0], atol=self.atol, rtol=1e-6)
 
