@@ -57,7 +57,7 @@ def _demo(args) -> int:
     from .demo import run_demo
 
     print(run_demo(args.out, smoke=args.smoke, seed=args.seed, methods=args.methods,
-                   progress=not args.no_progress))
+                   progress=not args.no_progress, resume=args.resume))
     return 0
 
 
@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--methods", nargs="*", default=None)
     d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--resume", action="store_true",
+                   help="re-use finished / resume interrupted runs in --out (default: start afresh)")
     d.set_defaults(fn=_demo)
     return p
 

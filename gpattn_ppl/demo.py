@@ -64,9 +64,18 @@ def _merge(base: dict, patch: dict) -> dict:
 
 
 def run_demo(out_dir: str | Path = "demo_out", *, smoke: bool = False, seed: int = 0,
-             methods: list[str] | None = None, progress: bool = True) -> str:
+             methods: list[str] | None = None, progress: bool = True,
+             resume: bool = False) -> str:
     """Train and evaluate each method; write the table, a reliability diagram and a
-    risk-coverage plot under ``out_dir``; return the Markdown table."""
+    risk-coverage plot under ``out_dir``; return the Markdown table.
+
+    :param resume: re-use finished runs and resume interrupted ones found in ``out_dir``
+        (as ``compare`` does). By default every chosen method's run folder
+        ``out_dir/<method>/seed<seed>`` is removed first, so a table never mixes in results of an
+        earlier version or setting.
+    """
+    import shutil
+
     import torch
 
     from .compare import run_compare
@@ -80,6 +89,9 @@ def run_demo(out_dir: str | Path = "demo_out", *, smoke: bool = False, seed: int
         raise ValueError(f"unknown demo method(s) {unknown}; available: {', '.join(available)}")
     base = _merge(_BASE, _SMOKE) if smoke else _BASE
     configs = [_merge(base, {"model": _merge(base["model"], available[m])}) for m in chosen]
+    if not resume:
+        for m in chosen:
+            shutil.rmtree(out_dir / m / f"seed{seed}", ignore_errors=True)
     start = time.perf_counter()
     rows = run_compare(configs, [seed], out_dir, names=chosen, progress=progress)
     from .compare import format_markdown
