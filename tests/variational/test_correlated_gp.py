@@ -42,7 +42,9 @@ def test_canonical_projection_init_hits_the_target_distance_and_kernel_attention
     W = canonical_projection_init_(torch.empty(D, C), D)
     x = torch.randn(400, C)
     sq = torch.pdist(x @ W.T).square()
-    assert 1.2 < sq.mean().item() < 1.8
+    # E||(x - y) W^T||^2 = 2 ||W||_F^2 = 2 D C s^2, which the init sets to 1.5
+    assert 2 * W.square().sum().item() == pytest.approx(1.5, rel=0.05)
+    assert sq.mean().item() == pytest.approx(1.5, rel=0.05)
     att = KernelAttention(C, 4, kernel="canonical", normalize=False)
     assert not att.kernel.raw_outputscale.requires_grad
     q, k, _ = att.project(torch.randn(2, 10, C))
