@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from gpattn_ppl.benchmarking import (
+from gpattn_ppl.run.benchmarking import (
     bench_arg_parser,
     bench_device,
     loglog_slope,

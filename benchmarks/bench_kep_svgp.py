@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from gpattn_ppl.benchmarking import (
+from gpattn_ppl.run.benchmarking import (
     bench_arg_parser,
     bench_device,
     loglog_slope,

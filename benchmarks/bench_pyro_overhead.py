@@ -17,9 +17,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gpattn_ppl.benchmarking import write_json
 from gpattn_ppl.infer.program import PyroProgram
 from gpattn_ppl.models import build_model
+from gpattn_ppl.run.benchmarking import write_json
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from gpattn_ppl.benchmarking import loglog_slope, spec_step_time, write_json
+from gpattn_ppl.run.benchmarking import loglog_slope, spec_step_time, write_json
 
 FORMS = {
     "softmax": {"kind": "softmax"},

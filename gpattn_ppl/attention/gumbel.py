@@ -6,14 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributions import SafeRelaxedOneHotCategorical
+from ..distributions import AttentionPredictive, SafeRelaxedOneHotCategorical
 from ..distributions import relaxed_one_hot as _roh
-from ..infer.schedules import Schedule, build_schedule
-from ..infer.sites import current_site_context
+from ..ppl import Schedule, ScheduledAttributes, build_schedule, positive_float
 from .base import AttentionUnit
 from .registry import register_attention
 
-__all__ = ["GumbelAttention", "update_temperatures", "PRIORS"]
+__all__ = ["GumbelAttention"]
 
 #: allowed values of the ``prior`` option of the Gumbel units
 PRIORS = ("same", "uniform")
@@ -25,69 +24,8 @@ def _schedule_or_none(spec, where: str) -> Schedule | None:
     return None if spec is None else build_schedule(spec, where=where)
 
 
-def update_temperatures(net: nn.Module, epoch: float, total_epochs: float | None = None
-                        ) -> dict[str, float]:
-    r"""Set the scheduled temperatures of every Gumbel unit in ``net`` for (fractional) ``epoch``.
-
-    The trainer already does this per step through each unit's ``set_epoch(t, total_epochs)``
-    (``Trainer._set_epoch_hooks``); this function is the same for a whole network, for custom
-    loops::
-
-        from gpattn_ppl.attention.gumbel import update_temperatures
-        update_temperatures(net, epoch + step / steps_per_epoch, total_epochs)
-
-    Units without a schedule keep their constant temperature; calling it on a network without
-    Gumbel units is a no-op. Evaluation uses the temperatures last set; they travel with the
-    state dict (the unit's extra state), so a checkpoint is evaluated at its own temperatures.
-
-    :returns: ``{"<module path>.<attribute>": value}`` of the temperatures set (for logging).
-    """
-    out: dict[str, float] = {}
-    for path, module in net.named_modules():
-        if isinstance(module, _TemperatureScheduled):
-            for attr, value in module.set_epoch(epoch, total_epochs).items():
-                out[f"{path}.{attr}" if path else attr] = value
-    return out
-
-
-class _TemperatureScheduled:
-    """Mixin: ``<attr>_schedule`` options that overwrite float attributes per epoch."""
-
-    _scheduled: dict[str, Schedule]
-    #: the float temperature attributes, saved as the module's extra state
-    _temperature_attrs: tuple[str, ...] = ("temperature",)
-
-    def get_extra_state(self) -> torch.Tensor:
-        """The current temperatures (annealed ones included), in ``_temperature_attrs`` order."""
-        return torch.tensor([getattr(self, a) for a in self._temperature_attrs],
-                            dtype=torch.float64)
-
-    def set_extra_state(self, state) -> None:
-        for attr, value in zip(self._temperature_attrs, torch.as_tensor(state).tolist()):
-            setattr(self, attr, _check_temperature(value, attr))
-
-    def set_epoch(self, epoch: float, total_epochs: float | None = None) -> dict[str, float]:
-        """Apply every temperature schedule at ``epoch``; returns the values set."""
-        out = {}
-        for attr, sched in self._scheduled.items():
-            value = float(sched(epoch, total_epochs))
-            if not value > 0:
-                raise ValueError(f"{self.site_prefix or type(self).__name__}: schedule of {attr} "
-                                 f"gave a non-positive temperature {value} at epoch {epoch}")
-            setattr(self, attr, value)
-            out[attr] = value
-        return out
-
-
-def _check_temperature(value, name: str) -> float:
-    value = float(value)
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    return value
-
-
 @register_attention("gumbel")
-class GumbelAttention(_TemperatureScheduled, AttentionUnit):
+class GumbelAttention(ScheduledAttributes, AttentionUnit):
     r"""Multi-head stochastic attention with relaxed one-hot weights (sto-trans, STO eqs. 9-11).
 
     Per head, with :math:`q_i, k_j, v_j \in \mathbb R^D`,
@@ -114,17 +52,19 @@ class GumbelAttention(_TemperatureScheduled, AttentionUnit):
     :func:`~torch.nn.functional.scaled_dot_product_attention` with the Gumbel draw as an additive
     mask: same draw, same output, no ``[B, H, N, N']`` weights tensor kept for backward.
 
-    Inside :func:`~gpattn_ppl.attention.posterior_mean` the unit is deterministic and returns
+    Inside :class:`~gpattn_ppl.settings.posterior_mean` the unit is deterministic and returns
     the attention at the modal noise :math:`g = 0`, :math:`\mathrm{softmax}(\ell/\tau)` (softmax
     attention at scale :math:`1/\tau`); it is not the expectation of the sampled output. The output
-    has no closed-form predictive distribution, so :attr:`last_distribution` stays ``None``;
-    uncertainty comes from T stochastic passes.
+    has no closed-form predictive distribution: :meth:`predictive` is a Monte-Carlo estimate of
+    its mean and marginal variance (no joint), and uncertainty comes from T stochastic passes.
 
     :param dim: C. :param heads: H.
     :param temperature: :math:`\tau > 0` (IMDB 1 or 40, CoLA 1 in the paper).
     :param temperature_schedule: optional schedule spec for :math:`\tau` (a number or a
-        :func:`~gpattn_ppl.infer.schedules.build_schedule` mapping, e.g.
-        ``{kind: exponential, start: 5, end: 1}``), applied by :func:`update_temperatures`.
+        :func:`~gpattn_ppl.ppl.build_schedule` mapping, e.g.
+        ``{kind: exponential, start: 5, end: 1}``), applied on the program's clock
+        (:meth:`~gpattn_ppl.infer.PyroProgram.set_epoch`); the current value travels with the
+        state dict.
     :param prior: ``"same"`` or ``"uniform"``.
     :param prior_temperature: temperature of the uniform prior; ``None``: the initial
         ``temperature`` (kept fixed when :math:`\tau` is annealed).
@@ -139,6 +79,7 @@ class GumbelAttention(_TemperatureScheduled, AttentionUnit):
     """
 
     stochastic = True
+    _scheduled_attrs = ("temperature",)
 
     def __init__(self, dim: int, heads: int, *, temperature: float = 1.0,
                  temperature_schedule=None, prior: str = "same",
@@ -147,9 +88,9 @@ class GumbelAttention(_TemperatureScheduled, AttentionUnit):
         super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
         if prior not in PRIORS:
             raise ValueError(f"prior must be one of {PRIORS}, got {prior!r}")
-        self.temperature = _check_temperature(temperature, "temperature")
+        self.temperature = positive_float(temperature, "temperature")
         self.prior = prior
-        self.prior_temperature = _check_temperature(
+        self.prior_temperature = positive_float(
             temperature if prior_temperature is None else prior_temperature, "prior_temperature")
         self.straight_through = bool(straight_through)
         self._scheduled = {}
@@ -176,10 +117,26 @@ class GumbelAttention(_TemperatureScheduled, AttentionUnit):
             logits.masked_fill_(~mask[:, None, None, :], _NEG_INF)
         return logits
 
-    def attention_weights(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """One draw (or, under ``posterior_mean``, the noise-free value) of ``[B, H, N, N']``."""
+    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One draw (or, under ``posterior_mean``, the noise-free value) of the weights
+        ``[B, H, N, N']``."""
+        mask = self._check(x, mask)
         q, k, _ = self.project(x)
         return self._weights("weights", self.logits(q, k, mask), self.temperature, mask)
+
+    def _head_outputs(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = self.project(x)
+        return self._attend_values(q, k, v, mask)
+
+    def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None, *,
+                   samples: int = 64) -> AttentionPredictive:
+        """A Monte-Carlo estimate of the predictive of the head outputs ``[B, H, N, D]``: mean
+        and (unbiased) marginal variance over ``samples`` draws; no joint (``mvn`` is ``None``)."""
+        if samples < 2:
+            raise ValueError(f"samples must be >= 2 for a variance estimate, got {samples}")
+        mask = self._check(x, mask)
+        draws = torch.stack([self._head_outputs(x, mask) for _ in range(samples)])
+        return AttentionPredictive(draws.mean(0), draws.var(0))
 
     def _weights(self, name: str, logits: torch.Tensor, temperature: float,
                  mask: torch.Tensor | None, prior_temperature: float | None = None
@@ -193,8 +150,7 @@ class GumbelAttention(_TemperatureScheduled, AttentionUnit):
         q = SafeRelaxedOneHotCategorical(temperature, logits=logits,
                                          straight_through=self.straight_through,
                                          validate_args=False)
-        if self.use_mean:
-            return q.tempered_probs
+        unmasked = q                     # the mean-mode value is its modal draw (g = 0)
         prior = None
         if self.prior == "uniform":
             prior = SafeRelaxedOneHotCategorical(
@@ -204,19 +160,15 @@ class GumbelAttention(_TemperatureScheduled, AttentionUnit):
             if mask is not None:
                 rows = mask[:, None, :].expand(logits.shape[:-1])
                 q, prior = q.mask(rows), prior.mask(rows)
-        return self.sample(name, q, prior, local=True)
+        return self.sample(name, q, prior, local=True, mean=lambda: unmasked.tempered_probs)
 
     def _fused(self) -> bool:
-        """Whether the value attention may run fused (no weights tensor, no Pyro statement).
-
-        True in thin mode (or outside any program) with prior ``same`` and no straight-through,
-        and in ``posterior_mean`` mode: then nothing but the output depends on the weights.
-        """
-        if self.use_mean:
-            return True
-        ctx = current_site_context()
-        return (self.prior == "same" and not self.straight_through
-                and (ctx is None or ctx.mode == "thin"))
+        """Whether the value attention may run fused (no weights tensor, no Pyro statement):
+        in posterior-mean mode, and whenever the runtime needs no value of the weights site
+        (:meth:`~gpattn_ppl.attention.AttentionUnit.needs_site`: prior ``same``, thin mode) and
+        there is no straight-through estimator. Then nothing but the output depends on them."""
+        return self.use_mean or (not self.straight_through
+                                 and not self.needs_site(scored=self.prior != "same"))
 
     def _attend_values(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        mask: torch.Tensor | None) -> torch.Tensor:
@@ -246,6 +198,4 @@ class GumbelAttention(_TemperatureScheduled, AttentionUnit):
         return self.attn_dropout(A) @ v
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        q, k, v = self.project(x)
-        h = self._attend_values(q, k, v, mask)
-        return self.proj_dropout(self.out(self.merge_heads(h)))
+        return self.proj_dropout(self.out(self.merge_heads(self._head_outputs(x, mask))))

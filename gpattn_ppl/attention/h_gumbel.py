@@ -7,10 +7,11 @@ import math
 import torch
 from torch import nn
 
-from .gumbel import GumbelAttention, _check_temperature, _schedule_or_none
+from ..ppl import positive_float
+from .gumbel import GumbelAttention, _schedule_or_none
 from .registry import register_attention
 
-__all__ = ["HierarchicalGumbelAttention", "CENTROID_INITS"]
+__all__ = ["HierarchicalGumbelAttention"]
 
 #: allowed values of the ``centroid_init`` option
 CENTROID_INITS = ("normal", "kmeans")
@@ -41,7 +42,7 @@ class HierarchicalGumbelAttention(GumbelAttention):
     the same ``prior`` choice as :class:`GumbelAttention` (``"same"``: KL exactly 0; ``"uniform"``:
     uniform Concrete priors at fixed temperatures, MC KL of padded rows masked out).
 
-    Inside :func:`~gpattn_ppl.attention.posterior_mean`: both draws are replaced by their values
+    Inside :class:`~gpattn_ppl.settings.posterior_mean`: both draws are replaced by their values
     at the modal noise :math:`g = 0`, :math:`\hat a_c = \mathrm{softmax}(kC/\tau_1)`,
     :math:`\hat a_v = \mathrm{softmax}(q\hat k^\top/\tau_2)` (deterministic).
 
@@ -63,6 +64,8 @@ class HierarchicalGumbelAttention(GumbelAttention):
     :param centroid_prior_temperature: temperature of the uniform prior over centroids
         (``None``: ``centroid_temperature``).
     :param straight_through: hard one-hot draws forward (both levels), relaxed gradients backward.
+    :param attn_dropout: dropout on the value attention :math:`\hat a_v`.
+    :param proj_dropout: dropout after :math:`W_O`.
 
     Cost O(N c D + N N' D) time and O(N N' + N c) memory per (b, h).
 
@@ -71,7 +74,7 @@ class HierarchicalGumbelAttention(GumbelAttention):
     torch.Size([3, 5, 8])
     """
 
-    _temperature_attrs = ("temperature", "centroid_temperature")
+    _scheduled_attrs = ("temperature", "centroid_temperature")
 
     def __init__(self, dim: int, heads: int, *, temperature: float = 1.0,
                  centroid_temperature: float = 1.0, temperature_schedule=None,
@@ -89,9 +92,9 @@ class HierarchicalGumbelAttention(GumbelAttention):
             raise ValueError(f"num_centroids must be >= 1, got {num_centroids}")
         if centroid_init not in CENTROID_INITS:
             raise ValueError(f"centroid_init must be one of {CENTROID_INITS}, got {centroid_init!r}")
-        self.centroid_temperature = _check_temperature(centroid_temperature,
+        self.centroid_temperature = positive_float(centroid_temperature,
                                                        "centroid_temperature")
-        self.centroid_prior_temperature = _check_temperature(
+        self.centroid_prior_temperature = positive_float(
             centroid_temperature if centroid_prior_temperature is None
             else centroid_prior_temperature, "centroid_prior_temperature")
         sched = _schedule_or_none(centroid_temperature_schedule, "centroid_temperature_schedule")
@@ -163,15 +166,18 @@ class HierarchicalGumbelAttention(GumbelAttention):
             return (a_c.reshape(-1, a_c.shape[-1]) @ C.T).view(*a_c.shape[:-1], C.shape[0])
         return a_c @ C.transpose(-1, -2)
 
-    def attention_weights(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """One draw (or the noise-free value) of the value attention ``[B, H, N, N']``."""
+        mask = self._check(x, mask)
         q, k, _ = self.project(x)
         k_hat = self.hierarchical_keys(k, mask)
         return self._weights("weights", self.logits(q, k_hat, mask), self.temperature, mask)
 
+    def _head_outputs(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = self.project(x)
+        return self._attend_values(q, self.hierarchical_keys(k, mask), v, mask)
+
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if self.training and self.centroid_init == "kmeans" and bool(self.centroids_pending):
             self.init_centroids(x, mask)
-        q, k, v = self.project(x)
-        h = self._attend_values(q, self.hierarchical_keys(k, mask), v, mask)
-        return self.proj_dropout(self.out(self.merge_heads(h)))
+        return self.proj_dropout(self.out(self.merge_heads(self._head_outputs(x, mask))))

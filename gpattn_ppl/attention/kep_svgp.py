@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import math
 
-import pyro.poutine as poutine
 import torch
 from torch import nn
 
+from ..distributions import AttentionPredictive
 from ..features.kernel_eigen import FEATURE_MAPS, KernelEigenFeatures
-from ..infer.sites import current_site_context
 from ..linalg import gp_precision
 from ..variational.kernel_eigen_pair_strategy import KernelEigenPairStrategy
 from .base import AttentionUnit
@@ -47,27 +46,27 @@ class KEPSVGPAttention(AttentionUnit):
     with :math:`W_1 \in \mathbb R^{N\times 2N}` dense, or :math:`W_1 = AB^\top`,
     :math:`A\in\mathbb R^{N\times s}`, :math:`B\in\mathbb R^{2N\times s}` (App. D.2,
     ``token_mixing="low_rank"``, linear in N), shared by the heads. Inside
-    :func:`~gpattn_ppl.attention.posterior_mean`, :math:`U = M` (the posterior mean).
+    :class:`~gpattn_ppl.settings.posterior_mean`, :math:`U = M` (the posterior mean).
 
-    **Sites and terms.** The inducing values are the Pyro site ``<site_prefix>.u`` (global: q(u)
-    and p(u) do not depend on the input). ``u_draws="sequence"`` (default, METHODS §3.2) draws an
-    independent :math:`U` per sequence -- an unbiased, lower-variance estimate of the same ELBO
-    with the global KL counted once: thin mode adds :math:`\sum_{h,d}\mathrm{KL}` (eq. 21) once
-    as the 0-d ``kl`` term; sites mode declares the site with batch ``[B, H, s]`` under
-    ``poutine.scale(1/B)``, so the ELBO's KL is again counted once. ``u_draws="batch"`` draws one
-    :math:`U` shared by the minibatch through a plain global site of batch ``[H, s]`` (thin and
-    sites identical). Inside :func:`posterior_mean` no site is drawn and the ``kl`` term is added
-    directly. ``ksvd_loss`` is the per-sequence ``[B]`` term of
+    **Sites and terms.** The inducing values are the latent ``<site_prefix>.u`` (global: q(u)
+    and p(u) do not depend on the input), drawn through
+    :meth:`~gpattn_ppl.attention.AttentionUnit.sample`. ``u_draws="sequence"`` (default, METHODS
+    §3.2) draws an independent :math:`U` per sequence -- an unbiased, lower-variance estimate of
+    the same ELBO -- with the global KL (eq. 21) counted once, in thin and sites mode alike
+    (:func:`gpattn_ppl.ppl.draw`, ``per_sequence``); ``u_draws="batch"`` draws one :math:`U`
+    shared by the minibatch. Inside :class:`~gpattn_ppl.settings.posterior_mean`, :math:`U = M`
+    and the KL is still reported. ``ksvd_loss`` is the per-sequence ``[B]`` term of
     :meth:`KernelEigenFeatures.ksvd_loss` (weight key ``ksvd_weight``).
 
     **Masks.** Pad rows of E and R are zero, so pads have F = 0, take no part in the KSVD sums
     and never reach real tokens (add and concat_features are token-wise; concat mixes only the
     zeroed pad rows).
 
-    :attr:`last_distribution` (built on access): add -- the MVN of :math:`F` (batch ``[B, H, s]``,
-    event ``N``, rank-s root covariance); concat modes -- the pair ``(q(F^e), q(F^r))``. Pad tokens
-    have exactly zero variance (gpytorch's ``.variance`` clamps it to its ``min_variance`` with a
-    warning; read ``lazy_covariance_matrix.diagonal()`` for the raw values).
+    **Predictive.** :meth:`predictive` pushes q(u) through the (linear) head output map: mean
+    :math:`G(M)` and, per head and output channel j, the exact covariance over tokens
+    :math:`\sum_d G_{jd}S_dG_{jd}^\top` as a rank-:math:`s^2` root (an
+    :class:`~gpattn_ppl.distributions.AttentionPredictive`). KEP-SVGP has no value matrix and no
+    attention matrix (its output is a function of the KSVD projections alone).
 
     :param dim: C. :param heads: H.
     :param rank: s, kernel-eigen features (= GP outputs) per head.
@@ -77,9 +76,7 @@ class KEPSVGPAttention(AttentionUnit):
     :param u_draws: ``"sequence"`` (default) or ``"batch"``, see above.
     :param seq_len: N for ``merge="concat"``.
     :param token_mixing: ``"dense"`` (:math:`W_1`, paper default) or ``"low_rank"`` (:math:`AB^\top`).
-    :param attn_dropout: accepted for a uniform interface; KEP-SVGP has no attention weights, so
-        it is unused.
-    :param proj_dropout: dropout after :math:`W_O`.
+    :param proj_dropout: dropout after :math:`W_O` (no attention weights, so no ``attn_dropout``).
 
     Cost per (b, h): O(N D s + N s²) for add / concat_features and concat with ``low_rank``;
     O(N² s) for dense concat; KL O(s³) per head, batch-free. Linear in N except dense concat.
@@ -94,8 +91,8 @@ class KEPSVGPAttention(AttentionUnit):
     def __init__(self, dim: int, heads: int, *, rank: int = 5, merge: str = "add",
                  feature_map: str = "cosine", u_draws: str = "sequence",
                  seq_len: int | None = None, token_mixing: str = "dense",
-                 attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
-        super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
+                 proj_dropout: float = 0.0) -> None:
+        super().__init__(dim, heads, proj_dropout=proj_dropout)
         if merge not in MERGES:
             raise ValueError(f"unknown merge {merge!r}; allowed: {', '.join(MERGES)}")
         if feature_map not in FEATURE_MAPS:
@@ -132,66 +129,37 @@ class KEPSVGPAttention(AttentionUnit):
         self.out = nn.Linear(dim, dim)
 
     @property
-    def last_distribution(self):
-        """The posterior of the last call's GP outputs, built on access (see the class docstring).
-
-        Built lazily from the last call's projections and the *current* q(u), so the training fast
-        path constructs no distribution objects. ``None`` before the first call.
-        """
-        proj = getattr(self, "_last_projections", None)
-        if proj is None:
-            return None
-        return self.strategy.posterior(proj[0]) if len(proj) == 1 else self.strategy.forward(*proj)
-
-    @last_distribution.setter
-    def last_distribution(self, value) -> None:
-        if value is not None:
-            raise AttributeError("KEPSVGPAttention.last_distribution is derived from the last call")
-        self._last_projections = None
-
-    @property
     def features(self) -> KernelEigenFeatures:
         """The layer's :class:`~gpattn_ppl.features.KernelEigenFeatures`."""
         return self.strategy.features
 
     # -- inducing values ------------------------------------------------------------------------
     def draw_u(self, batch: int) -> torch.Tensor:
-        r"""Draw :math:`U` (site ``u``): ``[B, H, s, s]`` per sequence or ``[H, s, s]`` per batch.
-
-        Adds the ``kl`` term where no Pyro site accounts for it (see the class docstring).
-        """
-        ctx = current_site_context()
-        if self.u_draws == "sequence" and (ctx is None or ctx.mode == "thin"):
-            self.add_term("kl", self.strategy.kl_divergence().sum())
-            return self.strategy.rsample_u(torch.Size([batch]))
-        q, p = self.strategy.variational_distribution, self.strategy.prior_distribution
-        if self.u_draws == "batch":
-            return self.sample("u", q, p, local=False)
-        shape = torch.Size([batch]) + q.batch_shape
-        with poutine.scale(scale=1.0 / batch):
-            return self.sample("u", q.expand(shape), p.expand(shape), local=False)
+        r"""Draw :math:`U` (latent ``u``): ``[B, H, s, s]`` per sequence, ``[H, s, s]`` per batch
+        or as the posterior mean; its KL (eq. 21, summed) becomes the 0-d ``kl`` term."""
+        strat = self.strategy
+        return self.sample("u", lambda: strat.variational_distribution,
+                           lambda: strat.prior_distribution, local=False,
+                           kl=lambda: strat.kl_divergence().sum(),
+                           per_sequence=batch if self.u_draws == "sequence" else None,
+                           mean=lambda: strat.variational_mean)
 
     # -- forward --------------------------------------------------------------------------------
-    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        B, N, _ = x.shape
+    def _check_length(self, N: int) -> None:
         if self.merge == "concat" and N != self.seq_len:
             raise ValueError(f"{self.site_prefix or type(self).__name__}: merge='concat' was built "
                              f"for seq_len={self.seq_len}, got N={N}")
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, N, _ = x.shape
+        self._check_length(N)
         E, R = self.features(x, mask)                         # [B, H, N, s] in the GP dtype
         with gp_precision(x.device.type):
             self.add_term("ksvd_loss", self.features.ksvd_loss(E, R, mask))
-            self.strategy._clear_cache()
-            if self.use_mean:
-                u = self.strategy._variational_distribution.variational_mean
-                self.add_term("kl", self.strategy.kl_divergence().sum())
-            else:
-                u = self.draw_u(B)
+            u = self.draw_u(B)
             if self.merge == "add":
-                P = E + R
-                self._last_projections = (P,)
-                F = self.strategy.function_values(P, u).to(x.dtype)           # [B, H, N, s]
+                F = self.strategy.function_values(E + R, u).to(x.dtype)       # [B, H, N, s]
             else:
-                self._last_projections = (E, R)
                 Fe = self.strategy.function_values(E, u).to(x.dtype)
                 Fr = self.strategy.function_values(R, u).to(x.dtype)
         if self.merge == "add":
@@ -201,6 +169,38 @@ class KEPSVGPAttention(AttentionUnit):
         else:
             O = torch.matmul(self._mix_tokens(torch.cat([Fe, Fr], -2)), self.W_2)
         return self.proj_dropout(self.out(self.merge_heads(O)))
+
+    def _output_maps(self, E: torch.Tensor, R: torch.Tensor
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        r"""The head output as a linear map of U: :math:`O = \sum_r G_r U^\top W_r` with
+        ``(G_r [B, H, N, s], W_r [H, s, D])`` (:math:`G = P\Lambda^{-1}`, token-mixed for concat)."""
+        inv_lam = self.features.lambda_.to(E.dtype).reciprocal()[:, None, :]
+        Et, Rt = E * inv_lam, R * inv_lam
+        if self.merge == "add":
+            return [(Et + Rt, self.W_add)]
+        if self.merge == "concat_features":
+            s = self.rank
+            return [(Et, self.W_cat[:, :s]), (Rt, self.W_cat[:, s:])]
+        return [(self._mix_tokens(torch.cat([Et, Rt], -2)), self.W_2)]
+
+    def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> AttentionPredictive:
+        r"""The exact posterior of the head outputs ``[B, H, N, D]`` under q(u) (no sampling):
+        column j of head h has mean :math:`\sum_r G_r M^\top W_{r,:j}` and covariance root
+        :math:`[\sum_r W_{r,dj}\,G_rL_d]_{d=1..s}` (rank :math:`s^2`). Pad tokens have exactly
+        zero variance."""
+        mask = self._check(x, mask)
+        self._check_length(x.shape[1])
+        E, R = self.features(x, mask)
+        with gp_precision(x.device.type):
+            m, L, _ = self.strategy._q_params(E.dtype)                # [H,s,s], [H,s,s,s]
+            mean, root = 0.0, 0.0
+            for G, W in self._output_maps(E, R):
+                W = W.to(E.dtype)
+                mean = mean + torch.einsum("bhni,hdi,hdj->bhnj", G, m, W)
+                GL = torch.einsum("bhni,hdik->bhndk", G, L)              # G L_d
+                root = root + torch.einsum("bhndk,hdj->bhjndk", GL, W)
+            B, H, D, N = root.shape[:4]
+            return AttentionPredictive.from_root(mean, root.reshape(B, H, D, N, -1))
 
     def _mix_tokens(self, F_cat: torch.Tensor) -> torch.Tensor:
         """``W_1 F^cat``: ``[B, H, 2N, s] -> [B, H, N, s]``, dense or as ``A (B^T F^cat)``."""

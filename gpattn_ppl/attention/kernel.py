@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..distributions import AttentionPredictive
 from ..kernels import KERNELS, canonical_projection_init_, gram, log_gram, make_attention_kernel
 from .base import AttentionUnit
 from .registry import register_attention
@@ -32,6 +33,8 @@ class KernelAttention(AttentionUnit):
         its query/key projections start small (:func:`~gpattn_ppl.kernels.canonical_projection_init_`).
     :param symmetric: tie the query and key projections.
     :param normalize: row-normalise (default) or return the papers' unnormalised :math:`\mathcal K V`.
+    :param attn_dropout: dropout on :math:`\mathcal K` (kept on at test under MC dropout).
+    :param proj_dropout: dropout after :math:`W_O`.
 
     Cost O(N² D) time and O(N²) memory per (b, h).
     """
@@ -58,10 +61,17 @@ class KernelAttention(AttentionUnit):
             return parts[0], parts[0], parts[1]
         return parts[0], parts[1], parts[2]
 
-    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The (normalised or raw) attention matrix ``[B, H, N, N]``; pad columns are exactly 0."""
+        mask = self._check(x, mask)
         q, k, _ = self.project(x)
         return self._matrix(q, k, mask)
+
+    def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> AttentionPredictive:
+        """The (deterministic) head outputs ``[B, H, N, D]`` as a zero-variance predictive."""
+        mask = self._check(x, mask)
+        q, k, v = self.project(x)
+        return AttentionPredictive.point(self._matrix(q, k, mask) @ v)
 
     def _matrix(self, q, k, mask):
         if self.normalize:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..variational.sparse_correlated_gp import SparseCorrelatedGP
+from ..gp.sparse_correlated_gp import SparseCorrelatedGP
 from .cgpt import _CorrelatedAttention
 from .registry import register_attention
 
@@ -17,16 +17,16 @@ class SCGPTAttention(_CorrelatedAttention):
 
     Per head, with learned inducing inputs :math:`s_m` (m points, query side) and :math:`s_l`
     (l points, key side) in the canonical input space (see
-    :class:`~gpattn_ppl.variational.SparseCorrelatedGP`):
+    :class:`~gpattn_ppl.gp.SparseCorrelatedGP`):
 
     .. math::
         \nu = K_{qm}\tilde B_m^{-1}K_{mo}K_{ol}\tilde B_l^{-1}K_{lk}V, \qquad
         \Sigma_\text{post} = \sigma^2 I + RR^\top,\ R \in \mathbb R^{N\times m},
 
     output :math:`= \mathrm{concat}_h(z_q)\,W_O` with one joint sample
-    :math:`\nu + \sigma E_1 + RE_2` per (b, h) (Pyro site ``<path>.z``, KL 0) or :math:`\nu`
-    inside :func:`~gpattn_ppl.attention.posterior_mean`. :attr:`last_distribution` is the
-    low-rank :class:`~gpattn_ppl.variational.TokenNormal` of the last sampling call.
+    :math:`\nu + \sigma E_1 + RE_2` per (b, h) (latent ``<path>.z``, KL 0) or :math:`\nu`
+    inside :class:`~gpattn_ppl.settings.posterior_mean`. :meth:`predictive` is built from the
+    low-rank :class:`~gpattn_ppl.distributions.TokenNormal` (no :math:`N\times N` matrix).
 
     In training mode the unit exposes ``cgp_loss`` ``[B]``: minus the sparse CGP bound of
     App. E summed over heads and columns (weight ``train.objective.cgp_alpha``).
@@ -46,7 +46,8 @@ class SCGPTAttention(_CorrelatedAttention):
     :param cgp_loss: ``"jensen"`` (App. E bound, closed form) or ``"none"``.
     :param cgp_reduction: ``"sum"`` (paper) or ``"mean"`` (per entry), as for
         :class:`CGPTAttention`.
-    :param attn_dropout: accepted for the common interface; unused.
+    :param proj_dropout: dropout after :math:`W_O`. SCGPT has no attention weights to drop, so
+        it takes no ``attn_dropout``.
 
     Cost per (b, h): O(N κ (κ + D) + κ³) for the mean and a sample (κ = max(m, l)), memory
     O(N κ); the regulariser adds O(N² m) with ``k_o="exact"``.
@@ -62,8 +63,8 @@ class SCGPTAttention(_CorrelatedAttention):
                  num_inducing_keys: int | None = None, noise: float = 0.1,
                  per_head_scales: bool = False, latent: str = "free", k_o: str = "exact",
                  inducing_init: str = "data", cgp_loss: str = "jensen",
-                 cgp_reduction: str = "sum", attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
-        super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
+                 cgp_reduction: str = "sum", proj_dropout: float = 0.0) -> None:
+        super().__init__(dim, heads, proj_dropout=proj_dropout)
         if cgp_loss not in self.LOSSES:
             raise ValueError(f"cgp_loss must be one of {', '.join(self.LOSSES)}, got {cgp_loss!r}")
         if inducing_init not in ("data", "random"):

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from ..infer.sites import current_site_context, sample_site
+from ..distributions import AttentionPredictive
 from ..kernels import KERNELS, make_attention_kernel
 from ..linalg import gp_precision
 from ..variational.sgpa_strategy import DecoupledSGPAStrategy, SGPAStrategy
@@ -52,18 +52,27 @@ class SGPAttention(AttentionUnit):
     :math:`W_O` = ``Linear(C, C)`` and dropout.
 
     **Sampling.** One sample per call, in training and evaluation; inside
-    :func:`~gpattn_ppl.attention.posterior_mean` the mean. ``cov="full"`` (default) samples the
+    :class:`~gpattn_ppl.settings.posterior_mean` the mean. ``cov="full"`` (default) samples the
     exact joint over tokens; ``cov="diag"`` (decoupled only) draws the conditional part
     :math:`\xi_c \sim \mathcal N(0, K_{qq} - Q_{qq})` independently per token -- an
     approximation with exact marginal variances that skips the n x n Cholesky. Stacked SGPA
     blocks propagate samples (each block conditions on the sample its input carries).
 
-    **Sites and terms.** The whitened inducing values are the Pyro site ``<prefix>.u``:
-    standard -- local, batch ``[B, H, D]``, event ``N``; decoupled -- global, batch ``[H, D]``,
-    event ``M`` (in thin mode drawn independently per sequence, its KL counted once, METHODS
-    §3.2). Objective terms: ``kl`` ``[B]`` (standard KL; decoupled γ part) and, decoupled only,
-    ``kl_global`` (0-d, β part, placed outside the data plate; sites mode: computed by the ELBO
-    instead). Both are weighted by ``train.objective.kl_weight``.
+    **Sites and terms.** The whitened inducing values are the latent ``<prefix>.u``, drawn through
+    :meth:`~gpattn_ppl.attention.AttentionUnit.sample`: standard -- local, a
+    :class:`~gpattn_ppl.distributions.TokenNormal` with batch ``[B, H]``, event ``(N, D)``;
+    decoupled -- global, batch ``[H, D]``, event ``M``, drawn independently per sequence with its
+    KL counted once (METHODS §3.2), and the conditional part of the function sample,
+    :math:`\xi \sim \mathcal N(0, K_{qq} - A^\top A)`, the local latent ``<prefix>.xi`` (its
+    prior is itself: KL 0), so thin and sites mode draw the same numbers. Objective terms: ``kl`` ``[B]`` (standard KL; decoupled γ
+    part) and, decoupled only, ``kl_global`` (0-d, β part, placed outside the data plate; sites
+    mode: computed by the ELBO instead). All are weighted by ``train.objective.kl_weight``.
+
+    **Predictive.** :meth:`predictive` is the posterior of the head outputs
+    (:class:`~gpattn_ppl.distributions.AttentionPredictive`, with the joint over tokens per head
+    and channel); :meth:`attention_matrix` is the matrix the posterior mean applies to the
+    values (standard: :math:`LL^\top`; decoupled: :math:`K_{qq} - A^\top A`, the mean adding
+    :math:`A^\top L_\beta^\top a_\beta`).
 
     **Numerics.** GP algebra in :class:`~gpattn_ppl.settings.gp_dtype` with autocast off; every
     factorisation through :func:`gpattn_ppl.linalg.cholesky` (bounded jitter escalation, then a
@@ -81,8 +90,8 @@ class SGPAttention(AttentionUnit):
         the residual stream carries the signal at first. With :math:`\sigma_f^2 = 1` (the kernel
         attention init) CoLA training stayed at the majority class for 9 epochs (measured, KL
         weight 1; see ``docs/derivations/sgpa.rst``).
-    :param attn_dropout: accepted for interface compatibility; SGPA has no attention weights to
-        drop, so it is unused. :param proj_dropout: dropout after :math:`W_O`.
+    :param proj_dropout: dropout after :math:`W_O`. (SGPA has no attention weights, so it takes
+        no ``attn_dropout``.)
 
     Cost per (b, h): standard O(n³ + n²D); decoupled O(n²D + nMD + M³), plus O(n³) with
     ``cov="full"``. Memory O(n²).
@@ -97,9 +106,8 @@ class SGPAttention(AttentionUnit):
 
     def __init__(self, dim: int, heads: int, *, variant: str = "decoupled", num_inducing: int = 16,
                  kernel: str = "exponential", cov: str = "full", max_len: int = 128,
-                 outputscale_init: float = math.exp(-4.0), attn_dropout: float = 0.0,
-                 proj_dropout: float = 0.0) -> None:
-        super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
+                 outputscale_init: float = math.exp(-4.0), proj_dropout: float = 0.0) -> None:
+        super().__init__(dim, heads, proj_dropout=proj_dropout)
         if variant not in ("standard", "decoupled"):
             raise ValueError(f"variant must be 'standard' or 'decoupled', got {variant!r}")
         if kernel not in KERNELS:
@@ -145,66 +153,68 @@ class SGPAttention(AttentionUnit):
         return self.site_prefix or type(self).__name__
 
     # -- variants -------------------------------------------------------------------------------
-    def _thin(self) -> bool:
-        """Whether sites are reparameterised here (thin mode / no Pyro program) or Pyro's."""
-        ctx = current_site_context()
-        return self.use_mean or ctx is None or ctx.mode == "thin"
+    def _prepare(self, q, v, mask):
+        if self.variant == "standard":
+            return self.strategy.prepare(q, v, mask, where=self._where())
+        return self.strategy.prepare(q, v, self.qk_weight, mask, where=self._where())
 
-    def _standard(self, q, v, mask):
+    def _standard(self, state):
         strat = self.strategy
-        state = strat.prepare(q, v, mask, where=self._where())
-        q_u = strat.variational_distribution(state)
-        p_u = strat.prior_distribution(q_u)
-        if self._thin():
-            # the site's thin-mode semantics (reparameterised draw + analytic KL), with the
-            # channels as columns of one matmul: R is shared by the D channels, and
-            # q_u.rsample() would expand it to [B, H, D, N, N]
-            self.add_term("kl", torch.distributions.kl_divergence(q_u, p_u).flatten(1).sum(-1))
-            if self.use_mean:
-                u_w = state.m_w
-            else:
-                u_w = state.m_w + state.R @ torch.randn_like(state.m_w)
-            u_w = u_w.mT                                                # site layout [B, H, D, N]
-        else:
-            u_w = self.sample("u", q_u, p_u, local=True)
-        if self.use_mean or not self.training:
-            self.last_distribution = strat(state)
+        u_w = self.sample("u", lambda: strat.variational_distribution(state),
+                          lambda: strat.prior_distribution(strat.variational_distribution(state)),
+                          local=True, kl=lambda: strat.kl_divergence(state),
+                          mean=lambda: state.q_mu)                      # [B, H, N, D]
         return strat.propagate(state, u_w)
 
-    def _decoupled(self, q, v, mask):
+    def _decoupled(self, state, batch: int):
         strat = self.strategy
-        state = strat.prepare(q, v, self.qk_weight, mask, where=self._where())
         self.add_term("kl", strat.kl_gamma(state).flatten(1).sum(-1))
         u_w = None
         if self.num_inducing > 0:
             q_u = strat.variational_distribution(state)
-            u_w = self._global_site(q_u, strat.prior_distribution(q_u), q.shape[0])
-        if self.use_mean or not self.training:
-            self.last_distribution = strat(state)
-        return strat.propagate(state, u_w, cov=self.cov, sample=not self.use_mean,
-                               where=self._where())
-
-    def _global_site(self, q_u, p_u, batch: int) -> torch.Tensor:
-        """The global whitened β values ``[B|1, H, D, M]``; thin mode: one draw per sequence."""
-        if self._thin():
-            # 0-d after the [B] gamma part: AttentionUnit.add_term keeps it as ``kl_global``
-            self.add_term("kl", torch.distributions.kl_divergence(q_u, p_u).sum())
-            if self.use_mean:
-                return q_u.loc.unsqueeze(0)
-            # = q_u.expand([B, H, D]).rsample(), as one contraction over (h, d)
-            eps = torch.randn((batch,) + q_u.loc.shape, dtype=q_u.loc.dtype, device=q_u.loc.device)
-            return q_u.loc + torch.einsum("hdij,bhdj->bhdi", q_u.scale_tril, eps)
-        name = f"{self.site_prefix}.u" if self.site_prefix else "u"
-        value, _ = sample_site(name, q_u, p_u, local=False)
-        return value.unsqueeze(0)
+            # global, one draw per sequence (its KL, counted once, becomes ``kl_global``)
+            u_w = self.sample("u", q_u, strat.prior_distribution(q_u), local=False,
+                              per_sequence=batch)
+            if u_w.dim() == 3:                                          # the mean, [H, D, M]
+                u_w = u_w.unsqueeze(0)
+        f = strat.propagate(state, u_w)
+        # the conditional part xi ~ N(0, K_qq - A^T A): a latent with prior = q (KL 0); 0 as mean
+        xi = self.sample("xi", lambda: strat.conditional_noise(state, cov=self.cov,
+                                                               where=self._where()),
+                         local=True, mean=lambda: f.new_zeros(()))
+        return f + xi
 
     # -- contract -------------------------------------------------------------------------------
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         q, v = self.project(x)
-        self.last_distribution = None
         with gp_precision(x.device.type):
+            state = self._prepare(q, v, mask)
             if self.variant == "standard":
-                f = self._standard(q, v, mask)
+                f = self._standard(state)
             else:
-                f = self._decoupled(q, v, mask)
+                f = self._decoupled(state, q.shape[0])
         return self.proj_dropout(self.out(self.merge_heads(f.to(x.dtype))))
+
+    def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> AttentionPredictive:
+        """The posterior of the head outputs ``[B, H, N, D]`` at ``x`` (no sampling)."""
+        mask = self._check(x, mask)
+        q, v = self.project(x)
+        with gp_precision(x.device.type):
+            return AttentionPredictive.from_mvn(self.strategy(self._prepare(q, v, mask)))
+
+    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        r"""The matrix the posterior mean applies to the values, ``[B, H, N, N]`` (GP dtype):
+        standard :math:`LL^\top = K_{kk} + \epsilon\,\mathrm{diag}K_{kk}`, decoupled
+        :math:`K_{qq} - A^\top A` (pad rows and columns 0)."""
+        mask = self._check(x, mask)
+        q, v = self.project(x)
+        with gp_precision(x.device.type):
+            state = self._prepare(q, v, mask)
+            if self.variant == "standard":
+                A = state.L @ state.L.mT
+            else:
+                A = self.strategy.conditional_covariance(state)
+        if mask is None:
+            return A
+        pair = (mask[:, None, :, None] & mask[:, None, None, :]).to(A.dtype)
+        return A * pair

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributions import AttentionPredictive
 from .base import AttentionUnit
 from .registry import register_attention
 
@@ -40,11 +41,30 @@ class SoftmaxAttention(AttentionUnit):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-head queries, keys and values, each ``[B, H, N, D]`` (role-major split of the
+        fused ``[B, N, 3, H, D]`` projection)."""
         B, N, _ = x.shape
-        # role-major split [B, N, 3, H, D] -> 3 x [B, H, N, D]
         q, k, v = self.qkv(x).view(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = self.project(x)
         attn_mask = None if mask is None else mask[:, None, None, :]
         p = self.attn_dropout.p if self.attn_dropout.active else 0.0
         h = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)
         return self.proj_dropout(self.out(self.merge_heads(h)))
+
+    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The softmax attention matrix ``[B, H, N, N]`` (no dropout); padded key columns 0."""
+        mask = self._check(x, mask)
+        q, k, _ = self.project(x)
+        logits = (q @ k.mT) / self.head_dim ** 0.5
+        if mask is not None:
+            logits = logits.masked_fill(~mask[:, None, None, :], float("-inf"))
+        return torch.softmax(logits, -1)
+
+    def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> AttentionPredictive:
+        """The (deterministic) head outputs ``[B, H, N, D]`` as a zero-variance predictive."""
+        mask = self._check(x, mask)
+        return AttentionPredictive.point(self.attention_matrix(x, mask) @ self.project(x)[2])

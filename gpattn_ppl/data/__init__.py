@@ -1,5 +1,9 @@
 """Datasets, splits and input encoders; start with :func:`load_data`.
 
+Each reader module (:mod:`~gpattn_ppl.data.cola`, :mod:`~gpattn_ppl.data.imdb`,
+:mod:`~gpattn_ppl.data.cifar`) registers its dataset on import with
+:func:`~gpattn_ppl.data.registry.register_dataset`, as the attention units do.
+
 >>> from gpattn_ppl.data import load_data
 >>> bundle = load_data("cola", protocol="official")
 >>> bundle.input_kind, bundle.num_classes
@@ -20,16 +24,10 @@ from .cola import COLA_FILES, bundled_cola_root, read_cola
 from .cr import read_cr
 from .dataset import ArrayDataset
 from .imdb import read_imdb
+from .load import TEXT_ENCODERS, DataBundle, load_data
 from .pretrained import MiniLMEncoder
-from .registry import (
-    DATASETS,
-    TEXT_ENCODERS,
-    DataBundle,
-    DatasetSpec,
-    RawData,
-    load_data,
-    register_dataset,
-)
+from .registry import DATASETS, DatasetSpec, RawData, register_dataset
+from .splits import cut, seeded_permutation
 from .tokenizer import WordTokenizer
 
 __all__ = [
@@ -49,6 +47,7 @@ __all__ = [
     "WordTokenizer",
     "augment",
     "bundled_cola_root",
+    "cut",
     "decode_jpeg_array",
     "load_data",
     "read_cifar10",
@@ -56,4 +55,5 @@ __all__ = [
     "read_cr",
     "read_imdb",
     "register_dataset",
+    "seeded_permutation",
 ]

@@ -1,4 +1,5 @@
-"""CIFAR-10 readers (compact JPEG arrays and the standard python batches) and augmentation."""
+"""CIFAR-10 readers (compact JPEG arrays and the standard python batches), the ``cifar10``
+dataset (selects checkpoints on validation accuracy) and image augmentation."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import numpy as np
 import PIL
 import torch
 from PIL import Image
+
+from .registry import RawData, register_dataset
+from .splits import cut, seeded_permutation
 
 __all__ = ["CIFAR10_CLASSES", "CIFAR10_MEAN", "CIFAR10_STD", "Normalize", "augment",
            "decode_jpeg_array", "read_cifar10"]
@@ -132,6 +136,22 @@ def read_cifar10(root: str | Path, *, cache_dir: str | Path | None = None
             raise ValueError(f"CIFAR-10 {split} split under {root} holds no images")
         out[split] = (torch.from_numpy(x), torch.from_numpy(y).long())
     return out
+
+
+@register_dataset("cifar10", protocols=("official",), modality="image", select_metric="acc")
+def _build_cifar10(*, protocol: str, root, split_seed: int, cache_dir) -> RawData:
+    if root is None:
+        raise ValueError("cifar10 needs root=PATH: a folder with train.npz.xz + test.npz.xz or "
+                         "cifar-10-batches-py/ (nothing is downloaded)")
+    files = read_cifar10(root, cache_dir=cache_dir)
+    (tr_x, tr_y), (te_x, te_y) = files["train"], files["test"]
+    n_tr, n = len(tr_y), len(tr_y) + len(te_y)
+    n_val = round(0.1 * n_tr)
+    splits = cut(seeded_permutation(n_tr, split_seed), {"val": n_val, "train": n_tr - n_val})
+    splits["test"] = torch.arange(n_tr, n)
+    return RawData(torch.cat([tr_x, te_x]), torch.cat([tr_y, te_y]), splits, {}, 10,
+                   {"source": str(Path(root)),
+                    "split": "train/val = seeded 90/10 of the official train; test = official"})
 
 
 # -- transforms ---------------------------------------------------------------------------------

@@ -1,10 +1,16 @@
-"""Reader for CoLA v1.1 raw TSV files (bundled with the package)."""
+"""Reader for CoLA v1.1 raw TSV files (bundled with the package) and the ``cola`` dataset.
+
+The dataset selects checkpoints on validation MCC (the CoLA benchmark's metric).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+
+from .registry import RawData, register_dataset
+from .splits import cut, seeded_permutation
 
 __all__ = ["COLA_FILES", "bundled_cola_root", "read_cola"]
 
@@ -59,3 +65,29 @@ def read_cola(root: str | Path | None = None) -> dict[str, tuple[list[str], torc
                 f"{', '.join(COLA_FILES.values())} in {folder})")
         out[split] = _read_tsv(path)
     return out
+
+
+def _pooled_712(n: int, seed: int) -> dict[str, torch.Tensor]:
+    n_test, n_val = round(0.2 * n), round(0.1 * n)
+    return cut(seeded_permutation(n, seed), {"train": n - n_val - n_test, "val": n_val,
+                                             "test": n_test})
+
+
+@register_dataset("cola", protocols=("official", "712", "sto"), modality="text",
+                  select_metric="mcc")
+def _build_cola(*, protocol: str, root, split_seed: int, cache_dir) -> RawData:
+    files = read_cola(root)
+    (tr_x, tr_y), (dev_x, dev_y) = files["in_domain_train"], files["in_domain_dev"]
+    x, y = tr_x + dev_x, torch.cat([tr_y, dev_y])
+    n_tr, n = len(tr_x), len(tr_x) + len(dev_x)
+    if protocol == "official":
+        n_val = round(0.1 * n_tr)
+        splits = cut(seeded_permutation(n_tr, split_seed), {"val": n_val, "train": n_tr - n_val})
+        splits["test"] = torch.arange(n_tr, n)
+        note = "train/val = seeded 90/10 of in_domain_train; test = in_domain_dev"
+    else:  # "712" (ours) and "sto" (sto-trans): 7:1:2 of the pooled in-domain sentences
+        splits = _pooled_712(n, split_seed)
+        note = "seeded 7:1:2 of in_domain_train + in_domain_dev pooled"
+    return RawData(x, y, splits, {"cola_ood": files["out_of_domain_dev"]}, 2,
+                   {"source": str(bundled_cola_root() if root is None else Path(root)),
+                    "split": note, "ood": "cola_ood = out_of_domain_dev"})

@@ -1,4 +1,6 @@
-"""Reader for the IMDB Large Movie Review dataset (aclImdb v1.0, Maas et al. 2011)."""
+"""Reader for the IMDB Large Movie Review dataset (aclImdb v1.0, Maas et al. 2011) and the
+``imdb`` dataset (OOD set: the CR test sentences); it selects checkpoints on validation accuracy.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +10,10 @@ import re
 from pathlib import Path
 
 import torch
+
+from .cr import read_cr
+from .registry import RawData, register_dataset
+from .splits import cut, seeded_permutation
 
 __all__ = ["read_imdb"]
 
@@ -91,3 +97,45 @@ def read_imdb(root: str | Path, *,
         if not texts:
             raise ValueError(f"IMDB {split} split under {root} holds no reviews")
     return out
+
+
+def _find_cr(root: Path) -> Path | None:
+    for folder in (root, root / "cr", root.parent / "cr"):
+        if (folder / "CR.test").is_file():
+            return folder
+    return None
+
+
+@register_dataset("imdb", protocols=("official", "kep"), modality="text", options=("cr_root",),
+                  encoder_defaults={"max_vocab": 30000}, select_metric="acc")
+def _build_imdb(*, protocol: str, root, split_seed: int, cache_dir, cr_root=None) -> RawData:
+    if root is None:
+        raise ValueError("imdb needs root=PATH: a folder with imdb_{train,test}.jsonl.xz or "
+                         "aclImdb/ (nothing is downloaded)")
+    files = read_imdb(root)
+    (tr_x, tr_y), (te_x, te_y) = files["train"], files["test"]
+    x, y = tr_x + te_x, torch.cat([tr_y, te_y])
+    n_tr, n = len(tr_x), len(tr_x) + len(te_x)
+    if protocol == "official":
+        n_val = round(0.1 * n_tr)
+        splits = cut(seeded_permutation(n_tr, split_seed), {"val": n_val, "train": n_tr - n_val})
+        splits["test"] = torch.arange(n_tr, n)
+        note = "train/val = seeded 90/10 of the official train; test = official test"
+    else:  # KEP-SVGP: 35k/5k/10k of the merged 50k
+        n_val, n_test = round(0.1 * n), round(0.2 * n)
+        splits = cut(seeded_permutation(n, split_seed), {"train": n - n_val - n_test,
+                                                         "val": n_val, "test": n_test})
+        note = "seeded 70/10/20 of train + test merged"
+    info = {"source": str(Path(root)), "split": note}
+    ood = {}
+    if cr_root is None:
+        found = _find_cr(Path(root))
+        if found is None:
+            info["notes"] = ["no CR.test found next to the IMDB folder: ood is empty "
+                             "(pass cr_root=PATH)"]
+    else:
+        found = None if cr_root is False else Path(cr_root)
+    if found is not None:
+        ood["cr"] = read_cr(found, ("test",))["test"]
+        info["ood"] = f"cr = {found / 'CR.test'}"
+    return RawData(x, y, splits, ood, 2, info)

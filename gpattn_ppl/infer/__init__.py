@@ -1,1 +1,24 @@
-"""The Pyro program: model / guide, ELBO, trainer, schedules, prediction, checkpoints."""
+"""Inference: the Pyro program (model / guide, ELBO), the fit loop, prediction, checkpoints.
+
+* :mod:`~gpattn_ppl.infer.program` -- :class:`PyroProgram`, the model and guide of a network;
+* :mod:`~gpattn_ppl.infer.fit` -- :func:`fit_epoch`, one pass of optimiser steps, and the
+  learning-rate schedule :func:`lr_lambda`;
+* :mod:`~gpattn_ppl.infer.predictive` -- :func:`predict`, T stochastic passes;
+* :mod:`~gpattn_ppl.infer.checkpoint` -- atomic checkpoints, RNG states, warm starts.
+"""
+
+from .checkpoint import (
+    CheckpointError,
+    init_from,
+    load_checkpoint,
+    rng_state,
+    save_atomic,
+    set_rng_state,
+)
+from .fit import epoch_clock, fit_epoch, lr_lambda
+from .predictive import predict
+from .program import PyroProgram
+
+__all__ = ["CheckpointError", "PyroProgram", "epoch_clock", "fit_epoch", "init_from",
+           "load_checkpoint", "lr_lambda", "predict", "rng_state", "save_atomic",
+           "set_rng_state"]

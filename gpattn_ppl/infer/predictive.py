@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from pyro.infer import Predictive
 
-from ..attention.base import posterior_mean
+from ..settings import posterior_mean
 from .program import PyroProgram
 
 __all__ = ["predict"]

@@ -6,13 +6,12 @@ import contextlib
 
 import pyro
 import pyro.distributions as dist
+import pyro.poutine as poutine
 import torch
 from pyro.infer import TraceMeanField_ELBO
 from torch import nn
 
-from .objective import objective_schedules
-from .schedules import Schedule
-from .sites import SiteContext, site_context
+from ..ppl import Schedule, SiteContext, apply_schedules, objective_schedules, site_context
 
 __all__ = ["PyroProgram"]
 
@@ -20,11 +19,13 @@ __all__ = ["PyroProgram"]
 class PyroProgram:
     r"""Pyro ``model`` / ``guide`` for a classifier whose attention units may be stochastic.
 
-    * **model**: runs the network (units draw their sites, see :mod:`~gpattn_ppl.infer.sites`),
-      places every named objective term as a ``pyro.factor`` with its scheduled weight -- per
+    * **model**: runs the network (units draw their sites, see :mod:`~gpattn_ppl.ppl.sites`),
+      places every named objective term as ``pyro.factor(name, -value)`` under
+      ``poutine.scale(w)`` with its scheduled weight :math:`w` (skipped when :math:`w = 0`) -- per
       sequence terms inside ``pyro.plate("data", num_data, subsample=index)``, global ones
       outside -- and observes ``y ~ Categorical(logits)`` in the plate. ``logits`` is recorded as
-      a deterministic site for :class:`pyro.infer.Predictive`.
+      a deterministic site for :class:`pyro.infer.Predictive`. In sites mode the units' latent
+      sites are scaled by the same ``kl`` weight, so both modes train the same objective.
     * **guide**: empty in ``mode="thin"`` (units reparameterise internally and report their KL);
       in ``mode="sites"`` it runs the network in the guide role so every variational site is a
       Pyro sample site and the ELBO computes the KLs.
@@ -38,6 +39,11 @@ class PyroProgram:
     :param mode: ``"thin"`` (default, fast) or ``"sites"``.
     :param use_param_store: register the network with ``pyro.module`` (needed for plain
         :class:`pyro.infer.SVI` with a Pyro optimiser; the trainer's torch optimiser does not need it).
+    :param total_epochs: the length of the run, for schedules whose span defaults to it.
+
+    **The clock.** :meth:`set_epoch` is the one clock of a run: it sets the fractional epoch at
+    which the objective weights are evaluated and applies every scheduled attribute of the
+    network (:func:`~gpattn_ppl.ppl.apply_schedules`, e.g. Gumbel temperatures).
     """
 
     def __init__(self, net: nn.Module, num_data: int, objective: dict | None = None,
@@ -56,13 +62,20 @@ class PyroProgram:
         self.elbo = TraceMeanField_ELBO()
         self.last_terms: dict[str, torch.Tensor] = {}
 
+    # -- the clock ------------------------------------------------------------------------------
+    def set_epoch(self, t: float) -> dict[str, float]:
+        """Move the clock to fractional epoch ``t``: objective weights and every scheduled
+        attribute of the network follow it. Returns the scheduled attributes set (for logs)."""
+        self.epoch = float(t)
+        return apply_schedules(self.net, self.epoch, self.total_epochs)
+
     # -- weights --------------------------------------------------------------------------------
     def weight(self, site: str) -> float:
         """Current weight of objective term ``site`` (``"blocks.1.attn.kl"`` -> schedule of ``kl``)."""
         term = site.rsplit(".", 1)[-1].removesuffix("_global")
         if term not in self.schedules:
             raise KeyError(f"objective term {site!r} has no registered weight; register it with "
-                           "gpattn_ppl.infer.objective.register_objective_term")
+                           "gpattn_ppl.ppl.register_objective_term")
         return self.schedules[term](self.epoch, self.total_epochs)
 
     def _plate(self, batch_size: int, index: torch.Tensor | None):
@@ -76,7 +89,7 @@ class PyroProgram:
         if self.use_param_store:
             pyro.module("net", self.net)
         plate = self._plate(x.shape[0], index)
-        with site_context(SiteContext(self.mode, "model", plate)):
+        with site_context(SiteContext(self.mode, "model", plate, self.weight)):
             logits = self.forward_module(x, mask)
         self.last_terms = {}
         for name, value in self.net.objective_terms().items():
@@ -84,11 +97,9 @@ class PyroProgram:
             w = self.weight(name)
             if w == 0:
                 continue
-            if value.dim() == 0:
-                pyro.factor(name, -w * value)
-            else:
-                with plate:
-                    pyro.factor(name, -w * value)
+            scale = poutine.scale(scale=w) if w != 1 else contextlib.nullcontext()
+            with scale, (plate if value.dim() else contextlib.nullcontext()):
+                pyro.factor(name, -value)
         with plate:
             pyro.deterministic("logits", logits, event_dim=1)
             pyro.sample("y", dist.Categorical(logits=logits), obs=y)
@@ -101,7 +112,7 @@ class PyroProgram:
         if self.mode == "thin" or not self.net.stochastic:
             return None
         plate = self._plate(x.shape[0], index)
-        with site_context(SiteContext(self.mode, "guide", plate)):
+        with site_context(SiteContext(self.mode, "guide", plate, self.weight)):
             self.forward_module(x, mask)
         return None
 
@@ -109,12 +120,3 @@ class PyroProgram:
     def loss(self, x, mask, y, index) -> torch.Tensor:
         """Differentiable per-datum loss :math:`-\\mathrm{ELBO}/N_\\text{data}` on a minibatch."""
         return self.elbo.differentiable_loss(self.model, self.guide, x, mask, y, index) / self.num_data
-
-    @contextlib.contextmanager
-    def at_epoch(self, t: float):
-        """Evaluate schedules at fractional epoch ``t`` inside the block."""
-        old, self.epoch = self.epoch, float(t)
-        try:
-            yield self
-        finally:
-            self.epoch = old

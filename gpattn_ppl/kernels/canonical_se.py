@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -49,14 +50,27 @@ class CanonicalSEKernel(Kernel):
         r""":math:`\log\kappa_o(x_1, x_2) = -\tfrac12\lVert x_1 - x_2\rVert^2`, ``[..., n, m]``."""
         return -0.5 * self.sq_dist(x1, x2)
 
+    def __getitem__(self, index) -> CanonicalSEKernel:
+        """Index the kernel's batch (gpytorch derives the new batch shape from the indexed
+        parameters; this kernel has none, so it is derived from the shape itself)."""
+        if len(self.batch_shape) == 0:
+            return self
+        new = copy.deepcopy(self)
+        new.batch_shape = torch.empty(self.batch_shape, device="meta")[index].shape
+        return new
+
     def forward(self, x1: torch.Tensor, x2: torch.Tensor, diag: bool = False,
                 last_dim_is_batch: bool = False, **params) -> torch.Tensor:
         if last_dim_is_batch:
             x1 = x1.transpose(-1, -2).unsqueeze(-1)
             x2 = x2.transpose(-1, -2).unsqueeze(-1)
         if diag:
-            return torch.exp(-0.5 * (x1 - x2).square().sum(-1))
-        return torch.exp(self.log_forward(x1, x2))
+            res = torch.exp(-0.5 * (x1 - x2).square().sum(-1))
+            return res.expand(torch.broadcast_shapes(self.batch_shape, res.shape[:-1])
+                              + res.shape[-1:])
+        res = torch.exp(self.log_forward(x1, x2))
+        # a kernel built with a batch_shape returns that batch for un-batched inputs (gpytorch)
+        return res.expand(torch.broadcast_shapes(self.batch_shape, res.shape[:-2]) + res.shape[-2:])
 
 
 def canonical_projection_init_(weight: torch.Tensor, head_dim: int,

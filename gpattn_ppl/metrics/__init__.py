@@ -14,7 +14,8 @@ NaN/inf, rows not summing to 1 within 1e-3, empty arrays, labels out of range) r
 * :mod:`.failure` -- failure-prediction AUROC, AUPR-Success/Error, FPR95;
 * :mod:`.ood_detection` -- OOD AUROC, AUPR-In/Out, FPR95 (ID = positive);
 * :mod:`.uncertainty` -- predictive entropy, mutual information, predictive variance/std;
-* :mod:`.report` -- :func:`classification_report` and :func:`ood_report`.
+* :mod:`.report` -- :func:`classification_report` (the OOD report is
+  :func:`gpattn_ppl.ood.ood_report`).
 
 >>> import torch
 >>> from gpattn_ppl.metrics import classification_report
@@ -39,7 +40,7 @@ from .ood_detection import (
     ood_detection_metrics,
     ood_fpr95,
 )
-from .report import HIGHER_IS_BETTER, METRIC_NAMES, classification_report, ood_report
+from .report import HIGHER_IS_BETTER, METRIC_NAMES, classification_report
 from .selective import AURC, aurc, eaurc, risk_coverage_curve
 from .uncertainty import (
     expected_entropy,
@@ -75,7 +76,6 @@ __all__ = [
     "ood_auroc",
     "ood_detection_metrics",
     "ood_fpr95",
-    "ood_report",
     "predicted_class_std",
     "predictive_entropy",
     "predictive_variance",

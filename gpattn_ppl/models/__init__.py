@@ -1,9 +1,18 @@
-"""Classifiers and declarative model construction."""
+"""Classifiers, the model spec and declarative model construction."""
 
-from .build import build_model
+from .build import assemble_model, build_model
 from .classifier import TransformerClassifier, resolve_block_attention
+from .spec import (
+    MODEL_SCHEMA,
+    ConfigError,
+    Option,
+    check_model,
+    check_section,
+    validate_model_spec,
+)
 from .text import TextClassifier
 from .vit import ViTClassifier
 
-__all__ = ["TextClassifier", "TransformerClassifier", "ViTClassifier", "build_model",
-           "resolve_block_attention"]
+__all__ = ["ConfigError", "MODEL_SCHEMA", "Option", "TextClassifier", "TransformerClassifier",
+           "ViTClassifier", "assemble_model", "build_model", "check_model", "check_section",
+           "resolve_block_attention", "validate_model_spec"]

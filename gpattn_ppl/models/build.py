@@ -1,19 +1,39 @@
-"""Declarative model construction."""
+"""Declarative model construction: a model spec -> a classifier."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import ConfigError, load_config
+import yaml
+
 from .classifier import resolve_block_attention
+from .spec import ConfigError, validate_model_spec
 from .text import TextClassifier
 from .vit import ViTClassifier
 
-__all__ = ["build_model"]
+__all__ = ["assemble_model", "build_model"]
+
+
+def _read_spec(spec: dict | str | Path) -> dict | None:
+    """The model section of a YAML path, a whole config (``model`` key) or a model section."""
+    if isinstance(spec, (str, Path)):
+        path = Path(spec)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        return raw.get("model")
+    if "model" in spec:
+        return spec["model"]
+    return spec
 
 
 def build_model(spec: dict | str | Path, **fill):
     """Build a classifier from a model spec (dict, or a YAML file with a ``model:`` section).
+
+    The spec is validated (:func:`~gpattn_ppl.models.spec.validate_model_spec`); of a whole
+    config only the ``model`` section is read.
 
     :param spec: the ``model`` section, or a whole config with a ``model`` key, or a YAML path.
     :param fill: values the data decides (``num_classes``, ``vocab_size``, ``feature_dim``),
@@ -25,13 +45,17 @@ def build_model(spec: dict | str | Path, **fill):
     >>> type(m).__name__
     'TextClassifier'
     """
-    if isinstance(spec, (str, Path)):
-        cfg = load_config(spec)
-    elif "model" in spec:
-        cfg = load_config(spec)
-    else:
-        cfg = load_config({"model": spec})
-    m = dict(cfg["model"])
+    return assemble_model(validate_model_spec(_read_spec(spec)), **fill)
+
+
+def assemble_model(model: dict, **fill):
+    """Build a classifier from an already validated model section (no re-validation).
+
+    :param model: a complete model section, as :func:`~gpattn_ppl.models.spec.validate_model_spec`
+        (or the experiment config's validation) returns it.
+    :param fill: as for :func:`build_model`.
+    """
+    m = dict(model)
     for key, value in fill.items():
         if key not in m:
             raise ConfigError(f"model.{key}: unknown key")

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..attention.base import AttentionUnit, MCDropout
-from ..attention.registry import build_attention
+from ..attention.registry import attention_options, build_attention
 from ..layers import TransformerBlock
 
 __all__ = ["TransformerClassifier", "resolve_block_attention"]
@@ -38,6 +38,8 @@ class TransformerClassifier(nn.Module):
     :param attention: per-block attention specs ``{"kind": ..., **options}`` (length ``depth``)
         or one spec for every block.
     :param mc_dropout: keep every dropout active at evaluation (Monte-Carlo dropout baseline).
+    :param attn_dropout: dropout on the attention weights of the units that have weights
+        (default ``dropout``); GP units have none and are not given it.
     """
 
     def __init__(self, *, num_classes: int, dim: int, depth: int, heads: int, mlp_dim: int,
@@ -53,7 +55,8 @@ class TransformerClassifier(nn.Module):
         for i, spec in enumerate(specs):
             spec = dict(spec)
             kind = spec.pop("kind")
-            spec.setdefault("attn_dropout", dropout if attn_dropout is None else attn_dropout)
+            if "attn_dropout" in attention_options(kind):   # units with attention weights only
+                spec.setdefault("attn_dropout", dropout if attn_dropout is None else attn_dropout)
             spec.setdefault("proj_dropout", dropout)
             unit = build_attention(kind, dim, heads, where=f"model.blocks[{i}].attention", **spec)
             blocks.append(TransformerBlock(unit, mlp_dim, dropout))

@@ -1,4 +1,5 @@
-"""Out-of-distribution detector scores by name (higher = more in-distribution).
+"""Out-of-distribution detection: detector scores by name (higher = more in-distribution) and
+the OOD report (every detector's AUROC, AUPR-In/Out, FPR95 on an ID and an OOD set).
 
 >>> import torch
 >>> from gpattn_ppl.ood import ood_score
@@ -6,6 +7,7 @@
 True
 """
 
-from .scores import SCORE_NAMES, kl_matching_templates, ood_score
+from .report import ood_report
+from .scores import DETECTOR_NAMES, SCORE_NAMES, kl_matching_templates, ood_score
 
-__all__ = ["SCORE_NAMES", "kl_matching_templates", "ood_score"]
+__all__ = ["DETECTOR_NAMES", "SCORE_NAMES", "kl_matching_templates", "ood_report", "ood_score"]

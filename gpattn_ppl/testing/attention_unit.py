@@ -10,18 +10,25 @@ dozen inherited checks then run on the new unit:
 Class attributes tune the checks: ``dim``/``heads``/``seq_len``, ``params_without_grad`` (names
 of parameters that legitimately get no gradient), ``token_permutation_equivariant``,
 ``fixed_length`` (the unit is built for one N, e.g. KEP-SVGP's concat merge: the unpadded-sequence
-check becomes "a shorter sequence raises"), ``atol``.
+check becomes "a shorter sequence raises"), ``atol``, ``float32_atol`` (float32 vs float64),
+``mean_is_expectation`` (the posterior-mean mode returns the expectation of the sampled output;
+false for the Gumbel units, whose mean mode is the modal value) and ``mc_samples``.
+
+``tests/attention/test_registry.py`` runs this mixin over every key of the attention registry,
+so a newly registered unit inherits these checks with its defaults.
 """
 
 from __future__ import annotations
 
 import io
+import pickle
 
 import pytest
 import torch
 
-from ..attention.base import posterior_mean
-from ..infer.sites import SiteContext, site_context
+from ..distributions import AttentionPredictive
+from ..ppl import SiteContext, site_context
+from ..settings import posterior_mean
 
 __all__ = ["AttentionUnitTestCase"]
 
@@ -40,6 +47,12 @@ class AttentionUnitTestCase:
     fixed_length: bool = False
     #: atol of deterministic / posterior-mean comparisons (float64)
     atol: float = 1e-8
+    #: atol of the float32 vs float64 comparison (outputs are O(1))
+    float32_atol: float = 2e-3
+    #: the posterior-mean mode returns E[output] (GP and deterministic units)
+    mean_is_expectation: bool = True
+    #: samples of the "posterior mean = average of samples" check
+    mc_samples: int = 4000
 
     def make_unit(self, dim: int, heads: int):
         """The unit under test, of width ``dim`` with ``heads`` heads; subclasses implement it."""
@@ -211,5 +224,71 @@ class AttentionUnitTestCase:
         else:
             assert names == []
 
+    # -- numerics, persistence, predictive ----------------------------------------------------
+    def test_float32_agrees_with_float64(self):
+        """The same unit in float32 gives the float64 output to ``float32_atol`` (posterior mean
+        for stochastic units), and float32 outputs stay float32."""
+        unit = self._unit()
+        x, mask = self._inputs()
+        ref = self._call(unit, x, mask)
+        out = self._call(unit.float(), x.float(), mask)
+        assert out.dtype == torch.float32 and torch.isfinite(out).all()
+        torch.testing.assert_close(out[mask].double(), ref[mask], atol=self.float32_atol,
+                                   rtol=self.float32_atol)
 
+    def test_pickle_round_trip(self):
+        """A pickled and restored unit computes the same sample under the same seed."""
+        unit = self._unit()
+        other = pickle.loads(pickle.dumps(unit))
+        x, mask = self._inputs()
+        torch.testing.assert_close(self._call(unit, x, mask, seed=6, mean=False),
+                                   self._call(other, x, mask, seed=6, mean=False))
 
+    def test_predictive_type_and_shapes(self):
+        """:meth:`predictive` returns an AttentionPredictive with mean and variance
+        ``[B, H, N, D]`` (variance >= 0) and, where there is one, a joint MVN with batch
+        ``[B, H, D]`` and event ``N``; its mean, through W_O, is the posterior-mean output."""
+        unit = self._unit()
+        x, mask = self._inputs()
+        try:
+            torch.manual_seed(0)
+            pred = unit.predictive(x, mask)
+        except NotImplementedError:
+            pytest.skip(f"{type(unit).__name__} has no predictive")
+        B, N, D = self.batch, self.seq_len, self.dim // self.heads
+        assert isinstance(pred, AttentionPredictive)
+        assert pred.mean.shape == (B, self.heads, N, D) == pred.variance.shape
+        assert (pred.variance >= -1e-10).all() and torch.isfinite(pred.variance).all()
+        if pred.mvn is not None:
+            assert pred.mvn.batch_shape == (B, self.heads, D) and pred.mvn.event_shape == (N,)
+            torch.testing.assert_close(pred.mvn.mean.mT, pred.mean)
+        if self.mean_is_expectation:
+            out = unit.out(unit.merge_heads(pred.mean.to(x.dtype)))
+            torch.testing.assert_close(out[mask], self._call(unit, x, mask, mean=True)[mask],
+                                       atol=1e-6, rtol=1e-6)
+
+    def test_posterior_mean_is_the_average_of_many_samples(self):
+        """Averaging ``mc_samples`` sampled outputs recovers the posterior-mean output within
+        5 standard errors (deterministic units: every sample equals it).
+
+        The input is replicated within a call for speed; the standard error comes from the
+        spread of the per-call averages (independent calls), so it stays right for units whose
+        draws are shared by a batch (KEP-SVGP with ``u_draws="batch"``)."""
+        unit = self._unit()
+        x, mask = self._inputs()
+        with torch.no_grad():
+            mean = self._call(unit, x, mask, mean=True)
+            if not unit.stochastic:
+                torch.testing.assert_close(self._call(unit, x, mask, mean=False), mean)
+                return
+            if not self.mean_is_expectation:
+                pytest.skip("the posterior-mean mode of this unit is not the expectation")
+            calls, reps = 40, max(self.mc_samples // 40, 1)
+            xs, ms = x.repeat(reps, 1, 1), mask.repeat(reps, 1)
+            torch.manual_seed(11)
+            per_call = torch.stack([unit(xs, ms).view(reps, *x.shape).mean(0)
+                                    for _ in range(calls)])          # [calls, B, N, C]
+        err = (per_call.mean(0) - mean)[mask]
+        se = per_call.std(0)[mask] / calls ** 0.5
+        worst = float((err.abs() / (se + 1e-12)).max())
+        assert (err.abs() <= 5 * se + 1e-8).all(), f"{worst:.1f} standard errors"

@@ -1,15 +1,8 @@
-"""GPyTorch variational strategies of the GP attention units (one file each)."""
+"""GPyTorch variational strategies of the GP attention units: q(u), its prior, the conditional and
+the KL (SGPA standard and decoupled, the KEP-SVGP pair), one file each."""
 
 from .kernel_eigen_pair_strategy import KernelEigenPairStrategy
+from .sgpa_strategy import DecoupledSGPAState, DecoupledSGPAStrategy, SGPAState, SGPAStrategy
 
-__all__ = ["KernelEigenPairStrategy"]
-
-from .sgpa_strategy import DecoupledSGPAStrategy, SGPAStrategy, StandardNormalMVN  # noqa: E402
-
-__all__ += ["DecoupledSGPAStrategy", "SGPAStrategy", "StandardNormalMVN"]
-
-from .correlated_gp import CGPTerms, CorrelatedGP  # noqa: E402
-from .sparse_correlated_gp import SCGPTerms, SparseCorrelatedGP  # noqa: E402
-from .token_normal import TokenNormal  # noqa: E402
-
-__all__ += ["CGPTerms", "CorrelatedGP", "SCGPTerms", "SparseCorrelatedGP", "TokenNormal"]
+__all__ = ["DecoupledSGPAState", "DecoupledSGPAStrategy", "KernelEigenPairStrategy", "SGPAState",
+           "SGPAStrategy"]

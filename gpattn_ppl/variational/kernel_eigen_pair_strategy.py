@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
+import gpytorch
 import torch
 from gpytorch.distributions import MultivariateNormal
-from gpytorch.variational import CholeskyVariationalDistribution, _VariationalStrategy
-from linear_operator.operators import (
-    DiagLinearOperator,
-    LowRankRootLinearOperator,
-    MatmulLinearOperator,
-)
+from gpytorch.variational import CholeskyVariationalDistribution
+from linear_operator.operators import LowRankRootLinearOperator, MatmulLinearOperator
 
+from ..distributions import SharedScaleMVN
 from ..features.kernel_eigen import KernelEigenFeatures
 
 __all__ = ["KernelEigenPairStrategy"]
 
 
-class KernelEigenPairStrategy(_VariationalStrategy):
+class KernelEigenPairStrategy(gpytorch.Module):
     r"""Variational strategy of KEP-SVGP (KEP eqs. 16-18, 21): one q(u) shared by two SVGPs.
 
     For head :math:`h` and output dimension :math:`d = 1..s` the inducing values
@@ -41,13 +39,20 @@ class KernelEigenPairStrategy(_VariationalStrategy):
     :class:`~linear_operator.operators.LowRankRootLinearOperator` with the lazy root
     :math:`(P\Lambda^{-1})L_d`; no ``N x N`` matrix is formed unless a caller densifies it.
 
-    Shapes: q(u) is a gpytorch :class:`~gpytorch.variational.CholeskyVariationalDistribution`
-    with batch shape ``[H, s]`` (head, output dimension d) and event shape ``s`` (feature i),
-    i.e. ``variational_mean[h, d, :] = m_d``; posteriors have batch ``[B, H, s]`` and event ``N``.
+    Shapes: the variational parameters live in a gpytorch
+    :class:`~gpytorch.variational.CholeskyVariationalDistribution` (submodule ``q_u``) with batch
+    shape ``[H, s]`` (head, output dimension d) and event shape ``s`` (feature i), i.e.
+    ``q_u.variational_mean[h, d, :] = m_d``; posteriors have batch ``[B, H, s]`` and event ``N``.
 
-    Caching: the features change with every input and the parameters with every step, so this
-    strategy memoises nothing -- :attr:`prior_distribution` and :attr:`variational_distribution`
-    are rebuilt on each access and :meth:`__call__` clears gpytorch's memo in train and eval mode.
+    **Why not a gpytorch ``_VariationalStrategy``.** gpytorch's strategies condition a GP on
+    inducing *locations* through :math:`K_{uu}^{-1}K_{uf}` computed by calling a model on them,
+    and memoise :math:`K_{uu}` across calls. Here the inducing features are *indexed* (the s
+    kernel-eigen directions of each input sequence), the conditional is exact
+    (:math:`f_d = P\Lambda^{-1}u_d`, no :math:`K_{uu}` solve), and the features change with every
+    input, so neither the call contract nor the memo applies. The strategy is a plain
+    :class:`gpytorch.Module` with the same public surface (:attr:`prior_distribution`,
+    :attr:`variational_distribution`, :meth:`forward`, :meth:`kl_divergence`) and memoises
+    nothing.
 
     Initialisation [ours, METHODS §1.5]: :math:`m_d \sim \mathcal N(0, \Lambda^2)`,
     :math:`L_d = \Lambda` (q starts at the prior covariance, KL ≈ s²/2 per head).
@@ -66,17 +71,14 @@ class KernelEigenPairStrategy(_VariationalStrategy):
     """
 
     def __init__(self, features: KernelEigenFeatures) -> None:
+        super().__init__()
         H, s = features.heads, features.rank
-        q_u = CholeskyVariationalDistribution(s, batch_shape=torch.Size([H, s]))
-        # kernel-eigen features are indexed, not located: the "inducing points" are 0..s-1
-        index = torch.arange(s, dtype=torch.get_default_dtype()).unsqueeze(-1)
-        super().__init__(features, index, q_u, learn_inducing_locations=False)
+        self.q_u = CholeskyVariationalDistribution(s, batch_shape=torch.Size([H, s]))
         self.features = features
         with torch.no_grad():
             lam = features.lambda_.detach()                                   # [H, s]
-            q_u.variational_mean.copy_(lam[:, None, :] * torch.randn(H, s, s))
-            q_u.chol_variational_covar.copy_(torch.diag_embed(lam)[:, None].expand(H, s, s, s))
-        self.variational_params_initialized.fill_(1)
+            self.q_u.variational_mean.copy_(lam[:, None, :] * torch.randn(H, s, s))
+            self.q_u.chol_variational_covar.copy_(torch.diag_embed(lam)[:, None].expand(H, s, s, s))
 
     @property
     def heads(self) -> int:
@@ -88,22 +90,39 @@ class KernelEigenPairStrategy(_VariationalStrategy):
 
     # -- distributions of u ---------------------------------------------------------------------
     @property
-    def prior_distribution(self) -> MultivariateNormal:
-        r""":math:`p(u_d) = \mathcal N(0, \Lambda^2)` with batch ``[H, s]``, event ``s``; a
-        :class:`~linear_operator.operators.DiagLinearOperator` covariance (no s x s inversion)."""
-        lam2 = self.features.lambda_.square()[:, None, :].expand(self.heads, self.rank, self.rank)
-        return MultivariateNormal(torch.zeros_like(lam2), DiagLinearOperator(lam2))
+    def variational_mean(self) -> torch.Tensor:
+        r""":math:`M = [m_1 \dots m_s]`, ``[H, s, s]`` (``[h, d, i]``), the mean of :math:`U`."""
+        return self.q_u.variational_mean
 
     @property
-    def variational_distribution(self) -> MultivariateNormal:
-        r""":math:`q(u_d) = \mathcal N(m_d, L_dL_d^\top)`, batch ``[H, s]``, event ``s`` (not memoised)."""
-        return self._variational_distribution()
+    def prior_distribution(self) -> SharedScaleMVN:
+        r""":math:`p(u_d) = \mathcal N(0, \Lambda^2)` with batch ``[H, s]``, event ``s`` (a
+        diagonal scale; rebuilt on each access)."""
+        lam = self.features.lambda_
+        scale = torch.diag_embed(lam)[:, None].expand(self.heads, self.rank, self.rank, self.rank)
+        return SharedScaleMVN(torch.zeros_like(lam)[:, None, :].expand(scale.shape[:-1]),
+                              scale_tril=scale, validate_args=False)
+
+    @property
+    def variational_distribution(self) -> SharedScaleMVN:
+        r""":math:`q(u_d) = \mathcal N(m_d, L_dL_d^\top)`, batch ``[H, s]``, event ``s`` (rebuilt
+        on each access); ``.expand([B, H, s]).rsample()`` draws one :math:`U` per sequence without
+        copying the factors.
+
+        gpytorch's ``chol_variational_covar`` is unconstrained, so a diagonal entry of
+        :math:`L_d` may turn negative in training; the factor handed out has each such column's
+        sign flipped (:math:`L_d\,\mathrm{diag}(\mathrm{sign}\,L_{d,ii})`, the same
+        :math:`S_d`), so it is a valid ``scale_tril`` and torch's KL and log-density stay finite.
+        """
+        L = self.q_u.chol_variational_covar.tril()
+        sign = torch.where(L.diagonal(dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(L.dtype)
+        return SharedScaleMVN(self.q_u.variational_mean, scale_tril=L * sign.unsqueeze(-2),
+                              validate_args=False)
 
     def _q_params(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(m [H, s, s], L [H, s, s, s] lower, Lambda [H, s])`` in ``dtype``."""
-        q_u = self._variational_distribution
-        L = q_u.chol_variational_covar.tril()
-        return (q_u.variational_mean.to(dtype), L.to(dtype), self.features.lambda_.to(dtype))
+        L = self.q_u.chol_variational_covar.tril()
+        return (self.q_u.variational_mean.to(dtype), L.to(dtype), self.features.lambda_.to(dtype))
 
     # -- posteriors -----------------------------------------------------------------------------
     def posterior(self, P: torch.Tensor) -> MultivariateNormal:
@@ -127,24 +146,6 @@ class KernelEigenPairStrategy(_VariationalStrategy):
                 ) -> tuple[MultivariateNormal, MultivariateNormal]:
         r"""The SVGP pair ``(q(f^e), q(f^r))`` of eq. 16 (symmetric covariance), for ``E, R: [B, H, N, s]``."""
         return self.posterior(E), self.posterior(R)
-
-    def __call__(self, E: torch.Tensor, R: torch.Tensor
-                 ) -> tuple[MultivariateNormal, MultivariateNormal]:
-        """Clear every memo (train *and* eval mode), then :meth:`forward`."""
-        self._clear_cache()
-        return self.forward(E, R)
-
-    def rsample_u(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
-        r"""Reparameterised draws :math:`u_d = m_d + L_d\varepsilon_d`, :math:`\varepsilon_d\sim
-        \mathcal N(0, I_s)`: ``[*sample_shape, H, s, s]`` (``u[..., h, d, i]``).
-
-        The same distribution as ``variational_distribution.rsample(sample_shape)``, computed
-        from the parameters directly (no linear-operator objects on the training fast path).
-        """
-        q_u = self._variational_distribution
-        m, L = q_u.variational_mean, q_u.chol_variational_covar.tril()
-        eps = torch.randn(torch.Size(sample_shape) + m.shape, dtype=m.dtype, device=m.device)
-        return m + torch.einsum("hdij,...hdj->...hdi", L, eps)
 
     def function_values(self, P: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         r"""Function values given inducing values, :math:`F = P\Lambda^{-1}U` (eq. 18 via u).

@@ -18,8 +18,10 @@ unpadded sequence and pads contribute exactly nothing (to the KL either).
 
 Inducing values are **whitened**: :math:`u = L u_w` with
 :math:`L L^\top = K_{uu} + \epsilon\,\mathrm{diag}(K_{uu})` (a jitter relative to the prior
-variances, :func:`scaled_cholesky`), prior :math:`u_w \sim \mathcal N(0, I)`
-(:class:`StandardNormalMVN`, with an O(n²) KL registered against any multivariate normal).
+variances, :func:`~gpattn_ppl.linalg.scaled_cholesky`), prior :math:`u_w \sim \mathcal N(0, I)`
+(:class:`~gpattn_ppl.distributions.StandardNormalMVN`, with an O(n²) KL registered against any
+multivariate normal). The block trick, the free Cholesky parameterisation and the scaled
+factorisation are the shared pieces of :mod:`gpattn_ppl.linalg`.
 """
 
 from __future__ import annotations
@@ -38,101 +40,14 @@ from linear_operator.operators import (
 )
 from torch import nn
 from torch.distributions import MultivariateNormal as TorchMVN
-from torch.distributions import register_kl
 
 from .. import settings
+from ..distributions import SharedScaleMVN, StandardNormalMVN, TokenNormal
 from ..features.inducing_keys import GlobalInducingKeys
 from ..kernels import gram
-from ..linalg import cholesky, triangular_solve
+from ..linalg import block_mask, free_cholesky, mask_rows, scaled_cholesky, triangular_solve
 
-__all__ = ["SGPAStrategy", "DecoupledSGPAStrategy", "StandardNormalMVN", "SGPAState",
-           "DecoupledSGPAState", "free_cholesky", "block_mask", "scaled_cholesky"]
-
-
-# -- helpers ---------------------------------------------------------------------------------------
-def free_cholesky(raw: torch.Tensor) -> torch.Tensor:
-    r"""Lower-triangular factor with positive diagonal from an unconstrained square tensor.
-
-    .. math:: R = \mathrm{tril}(\text{raw}, -1) + \mathrm{diag}(\exp \mathrm{diag}\,\text{raw})
-
-    ``raw = 0`` gives :math:`R = I`. The strict upper triangle of ``raw`` is unused.
-    """
-    return torch.tril(raw, -1) + torch.diag_embed(raw.diagonal(dim1=-2, dim2=-1).exp())
-
-
-def block_mask(A: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    r"""The block trick: zero pad rows/columns of ``A: [B, H, N, N]`` and put 1 on the pad diagonal.
-
-    .. math:: \tilde A = A \odot (m m^\top) + \mathrm{diag}(1 - m)
-
-    Padded tokens then decouple from real ones in any factorisation, solve or determinant.
-    """
-    if mask is None:
-        return A
-    m = mask[:, None, :].to(A.dtype)                                  # [B, 1, N]
-    pair = m.unsqueeze(-1) * m.unsqueeze(-2)                           # [B, 1, N, N]
-    return A * pair + torch.diag_embed(1.0 - m)
-
-
-def _mask_rows(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Zero the pad token rows of ``t: [B, H, N, *]``."""
-    if mask is None:
-        return t
-    return t.masked_fill(~mask[:, None, :, None], 0.0)
-
-
-def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_dim: int
-                    ) -> torch.Tensor:
-    r"""Cholesky factor with a jitter *relative* to ``d`` (the prior variances), by equilibration.
-
-    .. math::
-        L = \Delta^{1/2}\,\mathrm{chol}\big(\Delta^{-1/2} A \Delta^{-1/2} + \epsilon I\big), \qquad
-        LL^\top = A + \epsilon\Delta, \quad \Delta = \mathrm{diag}(d)
-
-    through :func:`gpattn_ppl.linalg.cholesky` (its jitter, bounded escalation and named error).
-    The factorised matrix has entries of order one whatever the kernel's amplitude -- for the
-    exponential kernel :math:`\Delta^{-1/2}K\Delta^{-1/2}` is an RBF correlation matrix -- so a singular
-    kernel matrix is rescued by the escalation in float32 too and the exponential kernel's
-    range cannot defeat the jitter. No host synchronisation.
-
-    :param A: ``[..., n, n]``. :param d: ``[..., n]`` positive scales (pads: 1).
-    """
-    s = d.clamp_min(torch.finfo(d.dtype).tiny).rsqrt()
-    L = cholesky(A * (s.unsqueeze(-1) * s.unsqueeze(-2)), where=where, head_dim=head_dim)
-    return L * (1.0 / s).unsqueeze(-1).to(L.dtype)
-
-
-class StandardNormalMVN(pdist.MultivariateNormal):
-    r"""The whitened prior :math:`\mathcal N(0, I_n)` as a (Pyro) multivariate normal.
-
-    Its KL against any multivariate normal :math:`q = \mathcal N(m, R R^\top)` is registered in
-    closed form at O(n²) per batch element (torch's generic MVN-MVN KL would solve a triangular
-    system against the identity, O(n³)):
-
-    .. math:: \mathrm{KL}(q\,\|\,p) = \tfrac12\big[\|R\|_F^2 + \|m\|^2 - n\big] - \sum_i \log R_{ii}
-
-    Build it with :meth:`like` so that its batch shape equals that of ``q`` (Pyro requires the
-    guide and model sites to agree exactly).
-    """
-
-    @classmethod
-    def like(cls, q: TorchMVN) -> StandardNormalMVN:
-        """``N(0, I)`` with the batch and event shape, dtype and device of ``q``."""
-        n = q.event_shape[0]
-        loc = torch.zeros((), dtype=q.loc.dtype, device=q.loc.device).expand(q.loc.shape)
-        eye = torch.eye(n, dtype=q.loc.dtype, device=q.loc.device)
-        return cls(loc, scale_tril=eye, validate_args=False)
-
-
-@register_kl(TorchMVN, StandardNormalMVN)
-def _kl_mvn_standard_normal(q: TorchMVN, p: StandardNormalMVN) -> torch.Tensor:
-    R = q._unbroadcasted_scale_tril
-    n = q.event_shape[0]
-    half_logdet = R.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-    trace = R.square().sum((-2, -1))
-    maha = (q.loc - p.loc).square().sum(-1)
-    kl = 0.5 * (trace + maha - n) - half_logdet
-    return kl.expand(torch.broadcast_shapes(q.batch_shape, p.batch_shape))
+__all__ = ["SGPAStrategy", "DecoupledSGPAStrategy", "SGPAState", "DecoupledSGPAState"]
 
 
 # -- standard SGPA ---------------------------------------------------------------------------------
@@ -144,8 +59,8 @@ class SGPAState:
     :ivar v: values ``[B, H, N, D]``, pad rows 0.
     :ivar K: :math:`K_{kk}` ``[B, H, N, N]`` (block-masked, no jitter).
     :ivar L: lower Cholesky factor of :math:`K_{kk} + \epsilon\,\mathrm{diag}(K_{kk})` ``[B, H, N, N]``.
-    :ivar m_w: whitened variational mean ``[B, H, N, D]``.
-    :ivar R: whitened covariance root :math:`\tilde S = R R^\top` ``[B|1, H, N, N]``.
+    :ivar q_mu: whitened variational mean :math:`m_w` ``[B, H, N, D]``.
+    :ivar q_sqrt: whitened covariance root :math:`R`, :math:`\tilde S = R R^\top` ``[B|1, H, N, N]``.
     :ivar mask: ``[B, N]`` or ``None``.
     """
 
@@ -153,8 +68,8 @@ class SGPAState:
     v: torch.Tensor
     K: torch.Tensor
     L: torch.Tensor
-    m_w: torch.Tensor
-    R: torch.Tensor
+    q_mu: torch.Tensor
+    q_sqrt: torch.Tensor
     mask: torch.Tensor | None
 
 
@@ -205,7 +120,7 @@ class SGPAStrategy(gpytorch.Module):
     >>> state = strat.prepare(k, v)
     >>> q = strat.variational_distribution(state)
     >>> q.batch_shape, q.event_shape, strat.propagate(state, q.rsample()).shape
-    (torch.Size([3, 2, 4]), torch.Size([5]), torch.Size([3, 2, 5, 4]))
+    (torch.Size([3, 2]), torch.Size([5, 4]), torch.Size([3, 2, 5, 4]))
     """
 
     def __init__(self, kernel: ScaleKernel, heads: int, max_len: int, *,
@@ -220,17 +135,24 @@ class SGPAStrategy(gpytorch.Module):
 
     def covariance_root(self, n: int, mask: torch.Tensor | None = None,
                         dtype: torch.dtype | None = None) -> torch.Tensor:
-        r"""Whitened root :math:`R` ``[B|1, H, n, n]``: the leading n x n block, block-masked.
+        r"""Whitened root :math:`R` ``[B|1, H, n, n]``: the leading :math:`n_b\times n_b` block of
+        the free factor for the :math:`n_b` real tokens of each sequence, block-masked.
 
         The leading block of a Cholesky factor is the factor of the leading block, so sequences
-        of different lengths reuse one parameter consistently.
+        of different lengths reuse one parameter consistently. Real tokens are indexed by their
+        rank among the real tokens (not their absolute position), so a sequence padded anywhere
+        -- in the middle too -- gets the factor of its unpadded self.
         """
         if n > self.max_len:
             raise ValueError(f"sequence length {n} exceeds max_len={self.max_len} of the standard "
                              "SGPA covariance parameter; raise the attention option max_len")
-        R = free_cholesky(self.raw_chol[:, :n, :n]).unsqueeze(0)
+        R = free_cholesky(self.raw_chol[:, :n, :n])                      # [H, n, n]
         if dtype is not None:
             R = R.to(dtype)
+        if mask is None:
+            return R.unsqueeze(0)
+        rank = (mask.cumsum(-1) - 1).clamp_min(0)                        # [B, n] real-token rank
+        R = R[:, rank[:, :, None], rank[:, None, :]].transpose(0, 1)      # [B, H, n, n]
         return block_mask(R, mask)
 
     def prepare(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
@@ -241,33 +163,36 @@ class SGPAStrategy(gpytorch.Module):
             bounded jitter escalation (names ``where`` and the head).
         """
         dtype = settings.gp_dtype.resolve(k.dtype)
-        k, v = _mask_rows(k.to(dtype), mask), _mask_rows(v.to(dtype), mask)
+        k, v = mask_rows(k.to(dtype), mask), mask_rows(v.to(dtype), mask)
         K = block_mask(gram(self.kernel, k, k).to(dtype), mask)
         L = scaled_cholesky(K, K.diagonal(dim1=-2, dim2=-1),
-                            where=(where or "SGPAStrategy") + " K_kk", head_dim=1)
+                            where=(where or "SGPAStrategy") + " K_kk", head_axis=1)
         m_w = L.mT @ v if self.mean_param == "dual" else triangular_solve(v, L)
         R = self.covariance_root(k.shape[-2], mask, dtype)
-        return SGPAState(k=k, v=v, K=K, L=L, m_w=m_w, R=R, mask=mask)
+        return SGPAState(k=k, v=v, K=K, L=L, q_mu=m_w, q_sqrt=R, mask=mask)
 
-    def variational_distribution(self, state: SGPAState) -> pdist.MultivariateNormal:
-        r""":math:`q(u_w)`: batch ``[B, H, D]`` (channel c), event ``N`` (token)."""
-        return pdist.MultivariateNormal(state.m_w.mT, scale_tril=state.R.unsqueeze(2),
-                                        validate_args=False)
+    def variational_distribution(self, state: SGPAState) -> TokenNormal:
+        r""":math:`q(u_w)`: a :class:`~gpattn_ppl.distributions.TokenNormal` with batch ``[B, H]``
+        and event ``(N, D)`` -- channel c is :math:`\mathcal N(m_{w,c}, RR^\top)`, the row
+        covariance shared by the D channels, so a draw is one matmul :math:`m_w + R\,E`."""
+        return TokenNormal(state.q_mu, scale_tril=state.q_sqrt, validate_args=False)
 
     @staticmethod
-    def prior_distribution(q: TorchMVN) -> StandardNormalMVN:
-        r"""Whitened prior :math:`\mathcal N(0, I)` with ``q``'s shapes."""
-        return StandardNormalMVN.like(q)
+    def prior_distribution(q: TokenNormal) -> TokenNormal:
+        r"""Whitened prior :math:`\mathcal N(0, I)` per channel, with ``q``'s shapes."""
+        return TokenNormal.standard(q)
 
     def kl_divergence(self, state: SGPAState) -> torch.Tensor:
-        """KL(q(u) || p(u)) per sequence, head and channel, ``[B, H, D]``."""
-        q = self.variational_distribution(state)
-        return torch.distributions.kl_divergence(q, self.prior_distribution(q))
+        """KL(q(u) || p(u)) per sequence, head and channel, ``[B, H, D]``, in O(n² D) (the
+        registered closed form of :class:`~gpattn_ppl.distributions.StandardNormalMVN`)."""
+        q = pdist.MultivariateNormal(state.q_mu.mT, scale_tril=state.q_sqrt.unsqueeze(2),
+                                     validate_args=False)
+        return torch.distributions.kl_divergence(q, StandardNormalMVN.like(q))
 
     @staticmethod
     def propagate(state: SGPAState, u_w: torch.Tensor) -> torch.Tensor:
-        r"""Function values at the keys, :math:`f = L u_w`: ``u_w [B, H, D, N] -> [B, H, N, D]``."""
-        return state.L @ u_w.mT.to(state.L.dtype)
+        r"""Function values at the keys, :math:`f = L u_w`: ``u_w [B, H, N, D] -> [B, H, N, D]``."""
+        return state.L @ u_w.to(state.L.dtype)
 
     def forward(self, state: SGPAState, x_q: torch.Tensor | None = None,
                 mask_q: torch.Tensor | None = None) -> gpytorch.distributions.MultivariateNormal:
@@ -277,15 +202,15 @@ class SGPAStrategy(gpytorch.Module):
             tied case of the attention unit: mean :math:`L m_w`, covariance :math:`L\tilde SL^\top`).
         :param mask_q: ``[B, N_q]`` real queries (pad query rows get mean 0 and unit variance).
         """
-        L, R, m_w = state.L, state.R, state.m_w
+        L, R, m_w = state.L, state.q_sqrt, state.q_mu
         B, H, N, D = m_w.shape
         if x_q is None:
             mean = L @ m_w
             root = MatmulLinearOperator(L.unsqueeze(2).expand(B, H, D, N, N),
                                         R.unsqueeze(2).expand(B, H, D, N, N))
             return gpytorch.distributions.MultivariateNormal(mean.mT, RootLinearOperator(root))
-        x_q = _mask_rows(x_q.to(L.dtype), mask_q)
-        K_qk = _mask_rows(gram(self.kernel, x_q, state.k).to(L.dtype), mask_q)
+        x_q = mask_rows(x_q.to(L.dtype), mask_q)
+        K_qk = mask_rows(gram(self.kernel, x_q, state.k).to(L.dtype), mask_q)
         if state.mask is not None:
             K_qk = K_qk.masked_fill(~state.mask[:, None, None, :], 0.0)
         K_qq = block_mask(gram(self.kernel, x_q, x_q).to(L.dtype), mask_q)
@@ -387,12 +312,12 @@ class DecoupledSGPAStrategy(gpytorch.Module):
         :raises gpattn_ppl.linalg.CholeskyError: :math:`K_{\\beta\\beta}` not factorisable.
         """
         dtype = settings.gp_dtype.resolve(q.dtype)
-        q, v = _mask_rows(q.to(dtype), mask), _mask_rows(v.to(dtype), mask)
+        q, v = mask_rows(q.to(dtype), mask), mask_rows(v.to(dtype), mask)
         k_beta = self.inducing(weight.to(dtype))                          # [H, M, D]
         K_qq = block_mask(gram(self.kernel, q, q).to(dtype), mask)
         K_bb = gram(self.kernel, k_beta, k_beta).to(dtype)                # [H, M, M]
         L_beta = scaled_cholesky(K_bb, K_bb.diagonal(dim1=-2, dim2=-1),
-                                 where=(where or "DecoupledSGPAStrategy") + " K_bb", head_dim=0)
+                                 where=(where or "DecoupledSGPAStrategy") + " K_bb", head_axis=0)
         K_bq = gram(self.kernel, k_beta.unsqueeze(0), q).to(dtype)        # [B, H, M, N]
         if mask is not None:
             K_bq = K_bq.masked_fill(~mask[:, None, None, :], 0.0)
@@ -405,13 +330,12 @@ class DecoupledSGPAStrategy(gpytorch.Module):
         R = free_cholesky(self.raw_chol)
         return R if dtype is None else R.to(dtype)
 
-    def variational_distribution(self, state: DecoupledSGPAState) -> pdist.MultivariateNormal:
+    def variational_distribution(self, state: DecoupledSGPAState) -> SharedScaleMVN:
         r""":math:`q(u_w)` of the global site: batch ``[H, D]``, event ``M``, mean
-        :math:`L_\beta^\top a_\beta`."""
+        :math:`L_\beta^\top a_\beta` (drawn once per sequence without copying the scale)."""
         dtype = state.L_beta.dtype
         loc = (state.L_beta.mT @ self.inducing_weights.to(dtype)).mT    # [H, D, M]
-        return pdist.MultivariateNormal(loc, scale_tril=self.covariance_root(dtype),
-                                        validate_args=False)
+        return SharedScaleMVN(loc, scale_tril=self.covariance_root(dtype), validate_args=False)
 
     @staticmethod
     def prior_distribution(q: TorchMVN) -> StandardNormalMVN:
@@ -423,42 +347,42 @@ class DecoupledSGPAStrategy(gpytorch.Module):
         r"""Local (γ) KL part :math:`\tfrac12[v_c^\top K_{qq} v_c - \|A v_c\|^2]`, ``[B, H, D]``."""
         return 0.5 * ((state.v * state.Kv).sum(-2) - state.Av.square().sum(-2))
 
-    def kl_beta(self, state: DecoupledSGPAState) -> torch.Tensor:
-        """Global (β) KL part per head and channel, ``[H, D]`` (zeros when M = 0)."""
-        if self.num_inducing == 0:
-            return state.v.new_zeros(self.heads, self.head_dim)
-        q = self.variational_distribution(state)
-        return torch.distributions.kl_divergence(q, self.prior_distribution(q))
-
     def conditional_covariance(self, state: DecoupledSGPAState) -> torch.Tensor:
         r""":math:`K_{qq} - A^\top A` ``[B, H, N, N]`` (pad block identity)."""
         return state.K_qq - state.A.mT @ state.A
 
-    def propagate(self, state: DecoupledSGPAState, u_w: torch.Tensor | None, *,
-                  cov: str = "full", sample: bool = True, where: str = "") -> torch.Tensor:
-        r"""A function sample (or the mean) ``[B, H, N, D]``.
+    def propagate(self, state: DecoupledSGPAState, u_w: torch.Tensor | None) -> torch.Tensor:
+        r"""The function values given the global values, without the conditional noise,
+        :math:`K_{qq}v + A^\top(u_w - Av)` ``[B, H, N, D]`` (the mean when ``u_w`` is q's mean).
 
         :param u_w: whitened global values ``[B|1, H, D, M]`` (``None`` when M = 0).
-        :param cov: ``"full"`` (exact joint) or ``"diag"`` (independent conditional noise).
-        :param sample: add the conditional noise :math:`\xi`; ``False`` returns
-            :math:`K_{qq}v + A^\top(u_w - Av)` (the mean when ``u_w`` is q's mean).
         """
         f = state.Kv
         if u_w is not None and self.num_inducing > 0:
             f = f + state.A.mT @ (u_w.mT.to(f.dtype) - state.Av)
-        if not sample:
-            return f
-        eps = torch.randn_like(f)
+        return f
+
+    def conditional_noise(self, state: DecoupledSGPAState, *, cov: str = "full", where: str = ""):
+        r"""The conditional part :math:`\xi_c \sim \mathcal N(0, K_{qq} - A^\top A)` of a function
+        sample, per channel, as a distribution over ``[B, H, N, D]``.
+
+        ``cov="full"``: a :class:`~gpattn_ppl.distributions.TokenNormal` through the n x n
+        Cholesky of :math:`K_{qq} - A^\top A + \epsilon\,\mathrm{diag}(K_{qq})` (shared by the D
+        channels of a head); ``"diag"``: independent normals per token with the exact marginal
+        variances (an approximation that skips the Cholesky).
+        """
+        zeros = torch.zeros_like(state.Kv)
         if cov == "full":
             L1 = scaled_cholesky(self.conditional_covariance(state),
                                  state.K_qq.diagonal(dim1=-2, dim2=-1),
                                  where=(where or "DecoupledSGPAStrategy") + " K_qq - Q_qq",
-                                 head_dim=1)
-            return f + L1 @ eps
-        jitter = settings.cholesky_jitter.value(f.dtype)
+                                 head_axis=1)
+            return TokenNormal(zeros, scale_tril=L1, validate_args=False)
+        jitter = settings.cholesky_jitter.value(zeros.dtype)
         prior_var = state.K_qq.diagonal(dim1=-2, dim2=-1)
         var = prior_var - state.A.square().sum(-2)
-        return f + (var.clamp_min(0.0) + jitter * prior_var).sqrt().unsqueeze(-1) * eps
+        sd = (var.clamp_min(0.0) + jitter * prior_var).sqrt().unsqueeze(-1)
+        return pdist.Normal(zeros, sd.expand_as(zeros), validate_args=False)
 
     def forward(self, state: DecoupledSGPAState) -> gpytorch.distributions.MultivariateNormal:
         r"""The marginal :math:`q(f_c) = \mathcal N(\mu_c, \Sigma_c)`: batch ``[B, H, D]``, event
@@ -467,7 +391,7 @@ class DecoupledSGPAStrategy(gpytorch.Module):
         M = self.num_inducing
         if M > 0:
             q = self.variational_distribution(state)
-            mean = self.propagate(state, q.loc.unsqueeze(0), sample=False)
+            mean = self.propagate(state, q.loc.unsqueeze(0))
         else:
             mean = state.Kv
         cond = DenseLinearOperator(self.conditional_covariance(state).unsqueeze(2)

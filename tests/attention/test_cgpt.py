@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from gpattn_ppl import settings
-from gpattn_ppl.attention import CGPTAttention, KernelAttention, build_attention, posterior_mean
+from gpattn_ppl.attention import CGPTAttention, KernelAttention, build_attention
+from gpattn_ppl.settings import posterior_mean
 from gpattn_ppl.testing import AttentionUnitTestCase
 from tests.reference.cgpt import CGPReference, se
 
@@ -305,6 +306,8 @@ def test_options_are_validated_and_registered():
         CGPTAttention(8, 2, latent="tied")
     with pytest.raises(ValueError, match="noise"):
         CGPTAttention(8, 2, noise=0.0)
+    with pytest.raises(ValueError, match="attn_dropout"):      # no attention weights to drop
+        build_attention("cgpt", 8, 2, attn_dropout=0.1)
 
 
 # -- integration: the Pyro program and the warm start ---------------------------------------------
@@ -324,9 +327,9 @@ def test_program_weights_cgp_loss_with_alpha_schedule():
                        total_epochs=10)
     net.train()
     for epoch, alpha in ((0.0, 0.0), (5.0, 0.5), (10.0, 1.0)):
-        with prog.at_epoch(epoch):
-            torch.manual_seed(0)
-            loss = prog.loss(x, mask, y, torch.arange(4))
+        prog.set_epoch(epoch)
+        torch.manual_seed(0)
+        loss = prog.loss(x, mask, y, torch.arange(4))
         torch.manual_seed(0)
         logits = net(x, mask)
         cgp = net.objective_terms()["blocks.0.attn.cgp_loss"]
@@ -339,8 +342,8 @@ def test_warm_start_from_asymmetric_kernel_attention_uses_the_loaded_weights(tmp
     (``train.init_from``). The loaded tensors are the ones the CGPT network computes with: with
     W_o = W_k + 0 and sigma^2 -> 0 its posterior mean reproduces the kernel model's logits."""
     from gpattn_ppl.infer.checkpoint import save_atomic
-    from gpattn_ppl.infer.trainer import Trainer
-    from tests.infer.conftest import TINY
+    from gpattn_ppl.run.experiment import Trainer
+    from tests.run.conftest import TINY
 
     cfg = json.loads(json.dumps(TINY))
     cfg["train"]["epochs"] = 1

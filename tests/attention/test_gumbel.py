@@ -7,10 +7,10 @@ import torch
 from scipy import stats
 
 import gpattn_ppl.distributions.relaxed_one_hot as roh
-from gpattn_ppl.attention import ATTENTION, GumbelAttention, build_attention, posterior_mean
-from gpattn_ppl.attention.gumbel import update_temperatures
+from gpattn_ppl.attention import ATTENTION, GumbelAttention, build_attention
 from gpattn_ppl.distributions import sample_gumbel
-from gpattn_ppl.infer.sites import SiteContext, site_context
+from gpattn_ppl.ppl import SiteContext, apply_schedules, site_context
+from gpattn_ppl.settings import posterior_mean
 from gpattn_ppl.testing import AttentionUnitTestCase
 
 D64 = torch.float64
@@ -49,16 +49,22 @@ class _PatchedNoise:
 
 
 class TestGumbelAttention(AttentionUnitTestCase):
+    mean_is_expectation = False  # the posterior-mean mode is the noise-free (modal) value
+
     def make_unit(self, dim, heads):
         return GumbelAttention(dim, heads, temperature=0.7)
 
 
 class TestGumbelAttentionUniformPrior(AttentionUnitTestCase):
+    mean_is_expectation = False  # the posterior-mean mode is the noise-free (modal) value
+
     def make_unit(self, dim, heads):
         return GumbelAttention(dim, heads, temperature=0.5, prior="uniform", prior_temperature=1.0)
 
 
 class TestGumbelAttentionStraightThrough(AttentionUnitTestCase):
+    mean_is_expectation = False  # the posterior-mean mode is the noise-free (modal) value
+
     def make_unit(self, dim, heads):
         return GumbelAttention(dim, heads, temperature=2.0, straight_through=True)
 
@@ -116,7 +122,7 @@ def test_gumbel_max_frequencies_through_the_unit():
     mask = torch.tensor([True, True, True, False]).expand(S, 4)
     torch.manual_seed(3)
     with torch.no_grad():
-        A = unit.attention_weights(x, mask)                         # [S, H, N, N]
+        A = unit.attention_matrix(x, mask)                         # [S, H, N, N]
         q, k, _ = unit.project(x[:1])
         p = torch.softmax((q @ k.transpose(-1, -2))[0, :, :, :3], -1)   # [H, N, 3]
     counts = torch.nn.functional.one_hot(A.argmax(-1), 4).sum(0).to(D64)   # [H, N, 4]
@@ -129,25 +135,26 @@ def test_temperature_limits_one_hot_and_uniform():
     x, mask = _inputs()
     torch.manual_seed(4)
     with torch.no_grad():
-        A = _unit(temperature=1e-4).attention_weights(x, mask)
+        A = _unit(temperature=1e-4).attention_matrix(x, mask)
     # one-hot rows: a single weight ~1, the rest ~0 (ties have probability 0)
     assert (A.amax(-1) > 1 - 1e-6).double().mean() > 0.97
     torch.testing.assert_close(A.sum(-1), torch.ones_like(A[..., 0]))
     with torch.no_grad():
-        A = _unit(temperature=1e9).attention_weights(x, mask)
+        A = _unit(temperature=1e9).attention_matrix(x, mask)
     n = mask.sum(-1).to(D64)[:, None, None, None]
     uniform = mask[:, None, None, :] / n
     torch.testing.assert_close(A, uniform.expand_as(A), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("prior", ["same", "uniform"])
 @pytest.mark.parametrize("mean", [False, True])
-def test_padded_keys_never_receive_weight(mean):
-    unit = _unit(temperature=0.05)
+def test_padded_keys_never_receive_weight(mean, prior):
+    unit = _unit(temperature=0.05, prior=prior)
     x, mask = _inputs()
     x = x.clone()
     x[~mask] = 1e3                                  # pads with huge logits
     with posterior_mean(mean), torch.no_grad():
-        A = unit.attention_weights(x, mask)
+        A = unit.attention_matrix(x, mask)
     assert torch.isfinite(A).all()
     assert torch.all(A.masked_select(~mask[:, None, None, :].expand_as(A)) == 0)
 
@@ -229,13 +236,13 @@ def test_temperature_schedule_and_hook():
     net = torch.nn.ModuleDict({"a": GumbelAttention(8, 2, temperature=5.0, temperature_schedule={
         "kind": "exponential", "start": 5.0, "end": 0.5, "epochs": 10}),
         "b": GumbelAttention(8, 2, temperature=2.0)})
-    set_ = update_temperatures(net, 5.0, 20)
+    set_ = apply_schedules(net, 5.0, 20)
     assert set_ == {"a.temperature": pytest.approx(5.0 * 0.1**0.5)}
     assert net["a"].temperature == pytest.approx(5.0 * 0.1**0.5) and net["b"].temperature == 2.0
-    update_temperatures(net, 30.0)
+    apply_schedules(net, 30.0)
     assert net["a"].temperature == pytest.approx(0.5)
     # the trainer's per-unit hook is the same method
-    net["a"].set_epoch(0.0, 10)
+    net["a"].apply_schedules(0.0, 10)
     assert net["a"].temperature == pytest.approx(5.0)
     with pytest.raises(ValueError, match="temperature"):
         GumbelAttention(8, 2, temperature_schedule={"kind": "bogus"})
@@ -251,7 +258,7 @@ def test_sites_mode_weights_are_the_returned_attention(monkeypatch):
     with site_context(SiteContext("sites", "guide", None)):
         tr = poutine.trace(lambda: unit(x, mask)).get_trace()
     A = tr.nodes["blocks.2.attn.weights"]["value"]
-    torch.testing.assert_close(A, unit.attention_weights(x, mask))
+    torch.testing.assert_close(A, unit.attention_matrix(x, mask))
 
 
 def test_straight_through_weights_are_one_hot_with_relaxed_gradients(monkeypatch):
@@ -259,12 +266,12 @@ def test_straight_through_weights_are_one_hot_with_relaxed_gradients(monkeypatch
     x, mask = _inputs()
     g = sample_gumbel((3, 2, 6, 6), dtype=D64)
     _PatchedNoise(monkeypatch, g, g, g, g)
-    A_hard, A_soft = hard.attention_weights(x, mask), soft.attention_weights(x, mask)
+    A_hard, A_soft = hard.attention_matrix(x, mask), soft.attention_matrix(x, mask)
     torch.testing.assert_close(A_hard, torch.nn.functional.one_hot(A_soft.argmax(-1), 6).to(D64))
     assert torch.all(A_hard.masked_select(~mask[:, None, None, :].expand_as(A_hard)) == 0)
     w = torch.randn(6, dtype=D64)
-    g_hard = torch.autograd.grad((hard.attention_weights(x, mask) * w).sum(), hard.qkv.weight)[0]
-    g_soft = torch.autograd.grad((soft.attention_weights(x, mask) * w).sum(), soft.qkv.weight)[0]
+    g_hard = torch.autograd.grad((hard.attention_matrix(x, mask) * w).sum(), hard.qkv.weight)[0]
+    g_soft = torch.autograd.grad((soft.attention_matrix(x, mask) * w).sum(), soft.qkv.weight)[0]
     torch.testing.assert_close(g_hard, g_soft)
 
 

@@ -11,11 +11,10 @@ from gpattn_ppl.attention import (
     GumbelAttention,
     HierarchicalGumbelAttention,
     build_attention,
-    posterior_mean,
 )
-from gpattn_ppl.attention.gumbel import update_temperatures
 from gpattn_ppl.distributions import SafeRelaxedOneHotCategorical, sample_gumbel
-from gpattn_ppl.infer.sites import SiteContext, site_context
+from gpattn_ppl.ppl import SiteContext, apply_schedules, site_context
+from gpattn_ppl.settings import posterior_mean
 from gpattn_ppl.testing import AttentionUnitTestCase
 
 D64 = torch.float64
@@ -60,12 +59,16 @@ class _PatchedNoise:
 
 
 class TestHierarchicalGumbelAttention(AttentionUnitTestCase):
+    mean_is_expectation = False  # the posterior-mean mode is the noise-free (modal) value
+
     def make_unit(self, dim, heads):
         return HierarchicalGumbelAttention(dim, heads, temperature=2.0, centroid_temperature=1.0,
                                            num_centroids=5)
 
 
 class TestHierarchicalGumbelUniformPerHead(AttentionUnitTestCase):
+    mean_is_expectation = False  # the posterior-mean mode is the noise-free (modal) value
+
     def make_unit(self, dim, heads):
         return HierarchicalGumbelAttention(dim, heads, temperature=0.5, centroid_temperature=0.3,
                                            num_centroids=3, centroids_per_head=True,
@@ -187,7 +190,7 @@ def test_padded_keys_never_receive_weight(mean):
     x = x.clone()
     x[~mask] = 1e3
     with posterior_mean(mean), torch.no_grad():
-        A = unit.attention_weights(x, mask)
+        A = unit.attention_matrix(x, mask)
     assert torch.isfinite(A).all()
     assert torch.all(A.masked_select(~mask[:, None, None, :].expand_as(A)) == 0)
 
@@ -285,9 +288,9 @@ def test_temperature_schedules_for_both_levels():
                                        centroid_temperature_schedule={"kind": "switch",
                                                                       "before": 2.0,
                                                                       "value": 1.0, "after": 4})
-    out = update_temperatures(torch.nn.Sequential(unit), 2.0, 10)
+    out = apply_schedules(torch.nn.Sequential(unit), 2.0, 10)
     assert out == {"0.temperature": pytest.approx(28.0), "0.centroid_temperature": 2.0}
-    unit.set_epoch(5.0, 10)
+    unit.apply_schedules(5.0, 10)
     assert unit.temperature == pytest.approx(25.0) and unit.centroid_temperature == 1.0
 
 
@@ -325,7 +328,7 @@ def test_annealed_temperatures_travel_with_the_state_dict():
     unit = HierarchicalGumbelAttention(8, 2, temperature=30.0, centroid_temperature=2.0,
                                        temperature_schedule={"start": 30.0, "end": 20.0,
                                                              "epochs": 10})
-    unit.set_epoch(10.0)
+    unit.apply_schedules(10.0)
     unit.centroid_temperature = 0.5
     other = HierarchicalGumbelAttention(8, 2, temperature=30.0, centroid_temperature=2.0)
     other.load_state_dict(unit.state_dict())

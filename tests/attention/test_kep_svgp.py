@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from gpattn_ppl import settings
-from gpattn_ppl.attention import ATTENTION, KEPSVGPAttention, attention_options, posterior_mean
-from gpattn_ppl.infer.sites import SiteContext, site_context
+from gpattn_ppl.attention import ATTENTION, KEPSVGPAttention, attention_options, build_attention
+from gpattn_ppl.distributions import SharedScaleMVN
+from gpattn_ppl.ppl import SiteContext, site_context
+from gpattn_ppl.settings import posterior_mean
 from gpattn_ppl.testing import AttentionUnitTestCase
 from tests.reference.kep_svgp import kep_add_forward_reference
 
@@ -47,7 +49,7 @@ def _unit(**kw):
     kw.setdefault("rank", 3)
     unit = KEPSVGPAttention(8, 2, **kw).double().eval()
     g = torch.Generator().manual_seed(9)
-    q = unit.strategy._variational_distribution
+    q = unit.strategy.q_u
     with torch.no_grad():                      # a full (non-diagonal) S_d and a non-zero mean
         q.chol_variational_covar.add_(0.3 * torch.randn(q.chol_variational_covar.shape,
                                                         generator=g, dtype=torch.float64).tril())
@@ -93,7 +95,7 @@ def test_posterior_mean_matches_reference_with_u_equal_m():
 
 def test_output_mean_and_covariance_of_20000_draws():
     """Per-sequence draws: over 20,000 copies of one sequence, the output's empirical mean and
-    covariance match the analytic ones (posterior mean mode; last_distribution pushed through
+    covariance match the analytic ones (posterior mean mode; the posterior of F pushed through
     W_add and W_O) within 5 sigma."""
     unit = _unit()
     x, _ = _inputs(B=1, N=4)
@@ -103,8 +105,10 @@ def test_output_mean_and_covariance_of_20000_draws():
     torch.manual_seed(5)
     with torch.no_grad():
         out = unit(x.expand(T, -1, -1)).reshape(T, -1)                     # [T, N*C]
-    dist = unit.last_distribution                                           # batch [T, H, s], event N
-    Sigma_F = dist[0].lazy_covariance_matrix.to_dense().detach()            # [H, s, N, N]
+    with torch.no_grad():
+        E, R = unit.features(x)
+        dist = unit.strategy.posterior(E + R)                     # batch [1, H, s], event N
+    Sigma_F = dist[0].lazy_covariance_matrix.to_dense()                     # [H, s, N, N]
     H, D, C = 2, 4, 8
     W_O = unit.out.weight.detach().view(C, H, D)                            # [C, H, D]
     G = torch.einsum("hdk,chk->hdc", unit.W_add.detach(), W_O)              # [H, s, C]
@@ -119,17 +123,60 @@ def test_output_mean_and_covariance_of_20000_draws():
     assert cov.abs().max() > 1e-2
 
 
-def test_last_distribution_is_symmetric_rank_s_and_shaped():
+def test_posterior_of_F_is_symmetric_rank_s_and_shaped():
+    """The posterior of the GP outputs F (add merge: of E + R), batch [B, H, s], event N."""
     unit = _unit()
     x, mask = _inputs()
-    unit(x, mask)
-    d = unit.last_distribution
+    E, R = unit.features(x, mask)
+    d = unit.strategy.posterior(E + R)
     assert d.batch_shape == (3, 2, 3) and d.event_shape == (6,)
     assert d.lazy_covariance_matrix.root.shape[-1] == 3
     cov = d.lazy_covariance_matrix.to_dense()
     torch.testing.assert_close(cov, cov.mT, rtol=0, atol=1e-12)
     var = d.lazy_covariance_matrix.diagonal(dim1=-2, dim2=-1)               # (.variance clamps)
     assert (var[0, :, :, 4:] == 0).all() and (var[0, :, :, :4] > 0).all()   # pads: none
+
+
+@pytest.mark.parametrize("merge", ["add", "concat_features", "concat"])
+def test_predictive_is_the_exact_push_forward_of_q_u(merge, monkeypatch):
+    """The head outputs are linear in U: their mean is the output at U = M (the posterior-mean
+    forward with W_O = I) and, per head and channel, their covariance over tokens is
+    J S J^T with J the Jacobian of the head outputs w.r.t. U and S = blockdiag(S_d) (autograd,
+    not the unit's algebra). Pads have zero variance; the covariance stays lazy."""
+    from linear_operator.operators import DenseLinearOperator, LinearOperator
+
+    kw = {"seq_len": 6} if merge == "concat" else {}
+    unit = _unit(merge=merge, u_draws="batch", **kw)
+    with torch.no_grad():
+        unit.out.weight.copy_(torch.eye(8, dtype=torch.float64))
+        unit.out.bias.zero_()
+    x, mask = _inputs()
+    B, N, H, D = 3, 6, 2, 4
+    pred = unit.predictive(x, mask)
+    assert pred.mean.shape == pred.variance.shape == (B, H, N, D)
+    cov_op = pred.mvn.lazy_covariance_matrix
+    assert isinstance(cov_op, LinearOperator) and not isinstance(cov_op, DenseLinearOperator)
+    assert pred.mvn.batch_shape == (B, H, D) and pred.mvn.event_shape == (N,)
+    with posterior_mean():
+        mean_out = unit(x, mask).view(B, N, H, D).transpose(1, 2)
+    torch.testing.assert_close(pred.mean, mean_out, rtol=1e-10, atol=1e-12)
+
+    def heads(u):
+        monkeypatch.setattr(unit, "draw_u", lambda batch: u)
+        return unit(x, mask).view(B, N, H, D).transpose(1, 2)              # [B, H, N, D]
+
+    m = unit.strategy.variational_mean.detach()
+    L = unit.strategy.q_u.chol_variational_covar.detach().tril()
+    torch.testing.assert_close(pred.mean, heads(m), rtol=1e-10, atol=1e-12)
+    J = torch.autograd.functional.jacobian(heads, m)                        # [B, H, N, D, H, s, s]
+    S = L @ L.mT                                                            # [H, s(d), s, s]
+    cov = torch.einsum("bhnjgdi,gdik,bhmjgdk->bhjnm", J, S, J)
+    torch.testing.assert_close(pred.mvn.covariance_matrix, cov, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(pred.variance, cov.diagonal(dim1=-2, dim2=-1).mT,
+                               rtol=1e-9, atol=1e-12)
+    if merge != "concat":                                                   # token-wise merges
+        assert (pred.variance[0, :, 4:] == 0).all() and (pred.variance[0, :, :4] > 0).all()
+    assert cov.abs().max() > 1e-2
 
 
 # -- draws, sites and terms -------------------------------------------------------------------------------
@@ -173,6 +220,12 @@ def test_sites_mode_declares_global_u_and_the_elbo_counts_its_kl_once(u_draws):
     g, m = guide.nodes["blocks.1.attn.u"], model.nodes["blocks.1.attn.u"]
     assert [n for n, s in guide.nodes.items() if s["type"] == "sample"] == ["blocks.1.attn.u"]
     assert g["fn"].batch_shape == () and m["fn"].batch_shape == ()          # global: all in event
+    # the site is q(u) / p(u) itself, a SharedScaleMVN (expanded per sequence, scale 1/B)
+    base_g, base_m = g["fn"].base_dist, m["fn"].base_dist
+    assert isinstance(base_g, SharedScaleMVN) and isinstance(base_m, SharedScaleMVN)
+    assert base_g.batch_shape == base_m.batch_shape == ((4, 2, 3) if u_draws == "sequence"
+                                                        else (2, 3))
+    assert g["scale"] == pytest.approx(0.25 if u_draws == "sequence" else 1.0)
     assert torch.equal(g["value"], m["value"])
     kl = torch.distributions.kl_divergence(g["fn"], m["fn"]) * g["scale"]  # as TraceMeanField_ELBO
     torch.testing.assert_close(kl, unit.strategy.kl_divergence().sum())
@@ -203,8 +256,8 @@ def test_gradients_reach_W_e_W_r_lambda_m_S_and_output_weights():
     loss.backward()
     named = dict(unit.named_parameters())
     for name in ("strategy.features.W_e", "strategy.features.W_r", "strategy.features.raw_lambda",
-                 "strategy._variational_distribution.variational_mean",
-                 "strategy._variational_distribution.chol_variational_covar", "W_add"):
+                 "strategy.q_u.variational_mean", "strategy.q_u.chol_variational_covar",
+                 "W_add"):
         g = named[name].grad
         assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, name
 
@@ -215,7 +268,7 @@ def test_sample_gradient_reaches_S_without_the_kl():
     x, mask = _inputs()
     torch.manual_seed(0)
     unit(x, mask)[mask].square().sum().backward()
-    g = unit.strategy._variational_distribution.chol_variational_covar.grad
+    g = unit.strategy.q_u.chol_variational_covar.grad
     assert g is not None and g.abs().sum() > 0
 
 
@@ -225,6 +278,9 @@ def test_registered_with_keyword_options():
     opts = attention_options("kep_svgp")
     assert {"rank", "merge", "feature_map", "u_draws", "seq_len", "token_mixing"} <= set(opts)
     assert opts["rank"] == 5 and opts["merge"] == "add" and opts["feature_map"] == "cosine"
+    assert "attn_dropout" not in opts                          # no attention weights to drop
+    with pytest.raises(ValueError, match="attn_dropout"):
+        build_attention("kep_svgp", 8, 2, attn_dropout=0.1)
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -266,7 +322,7 @@ def test_declarative_spec_replaces_only_the_last_block_and_trains_in_both_modes(
         loss = prog.loss(tok, mask, y, torch.arange(4))
         loss.backward()
         assert torch.isfinite(loss)
-        q = units["blocks.1.attn"].strategy._variational_distribution
+        q = units["blocks.1.attn"].strategy.q_u
         assert q.variational_mean.grad.abs().sum() > 0, mode
     assert set(net.objective_terms()) >= {"blocks.1.attn.ksvd_loss"}
 

@@ -5,9 +5,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpattn_ppl import settings
-from gpattn_ppl.attention import CGPTAttention, SCGPTAttention, build_attention, posterior_mean
+from gpattn_ppl.attention import CGPTAttention, SCGPTAttention, build_attention
+from gpattn_ppl.settings import posterior_mean
 from gpattn_ppl.testing import AttentionUnitTestCase
-from tests.reference.cgpt import SCGPReference
+from tests.reference.cgpt import SCGPReference, conditional_mean
 
 DT = torch.float64
 
@@ -86,7 +87,7 @@ def test_full_inducing_sets_recover_the_cgpt_operator():
     x = 2 * _x(B=1, N=N, C=C)
     q, k, v, xo = (t.detach() for t in sc.project(x))
     t_cg = cg.gp.terms(q, k, xo)
-    target = cg.gp.conditional_mean(t_cg, v)
+    target = conditional_mean(t_cg, v)
     errors = []
     for eps in (0.0, 1e-2, 1e-1):
         with torch.no_grad():
@@ -278,3 +279,5 @@ def test_float32_agrees_with_float64_and_options_are_validated():
                 {"num_inducing": 0}, {"noise": -1.0}):
         with pytest.raises(ValueError):
             SCGPTAttention(8, 2, **bad)
+    with pytest.raises(ValueError, match="attn_dropout"):      # no attention weights to drop
+        build_attention("scgpt", 8, 2, attn_dropout=0.1)

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from gpattn_ppl import settings
-from gpattn_ppl.attention import KernelAttention, SGPAttention, attention_options, posterior_mean
+from gpattn_ppl.attention import KernelAttention, SGPAttention, attention_options, build_attention
 from gpattn_ppl.infer.program import PyroProgram
-from gpattn_ppl.infer.sites import SiteContext, site_context
-from gpattn_ppl.linalg import CholeskyError
+from gpattn_ppl.linalg import CholeskyError, free_cholesky
 from gpattn_ppl.models import build_model
+from gpattn_ppl.ppl import SiteContext, site_context
+from gpattn_ppl.settings import posterior_mean
 from gpattn_ppl.testing import AttentionUnitTestCase
-from gpattn_ppl.variational.sgpa_strategy import free_cholesky
 from tests.reference.sgpa import decoupled_sgpa_reference, standard_sgpa_reference
 
 JIT = settings.cholesky_jitter.value(torch.float64)
@@ -71,6 +71,9 @@ def test_options_are_keyword_only_and_validated():
     torch.testing.assert_close(SGPAttention(8, 2).kernel.outputscale, torch.full((2,), 0.0183),
                                atol=1e-4, rtol=0)
     assert {"outputscale_init"} <= set(opts)
+    assert "attn_dropout" not in opts                          # no attention weights to drop
+    with pytest.raises(ValueError, match="attn_dropout"):
+        build_attention("sgpa", 8, 2, attn_dropout=0.1)
 
 
 # -- standard: references --------------------------------------------------------------------------
@@ -110,8 +113,8 @@ def test_standard_matches_naive_reference():
     _identity_out(unit)
     x = _x(B=1)
     unit(x)
-    post = unit.last_distribution
     kl = unit.objective_terms()["kl"]
+    post = unit.predictive(x).mvn
     W = unit.proj.weight
     refs = standard_sgpa_reference(x[0], W[:8], W[8:], unit.kernel.outputscale,
                                    unit.kernel.base_kernel.lengthscale,
@@ -132,7 +135,7 @@ def test_decoupled_matches_naive_reference_with_per_head_inducing_keys():
     _identity_out(unit)
     x = _x(B=1)
     unit(x)
-    post, terms = unit.last_distribution, unit.objective_terms()
+    post, terms = unit.predictive(x).mvn, unit.objective_terms()
     W = unit.proj.weight
     kern = unit.kernel
     R = free_cholesky(unit.strategy.raw_chol)
@@ -183,10 +186,10 @@ def test_decoupled_without_global_keys_equals_standard_at_identity_covariance():
     for unit in (dec, std):
         with posterior_mean():
             unit(x)
-    torch.testing.assert_close(dec.last_distribution.mean, std.last_distribution.mean,
-                               rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(dec.last_distribution.covariance_matrix,
-                               std.last_distribution.covariance_matrix, rtol=1e-6, atol=1e-6)
+    p_dec, p_std = dec.predictive(x).mvn, std.predictive(x).mvn
+    torch.testing.assert_close(p_dec.mean, p_std.mean, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(p_dec.covariance_matrix, p_std.covariance_matrix, rtol=1e-6,
+                               atol=1e-6)
     torch.testing.assert_close(dec.objective_terms()["kl"], std.objective_terms()["kl"],
                                rtol=1e-6, atol=1e-6)
     assert "kl_global" not in dec.objective_terms()
@@ -197,7 +200,7 @@ def test_decoupled_without_global_keys_equals_standard_at_identity_covariance():
                                          ("decoupled", "diag")])
 def test_unit_sample_covariance_matches_analytic(variant, cov):
     """Output samples (W_O = I) of one sequence repeated S = 1e5 times: mean and per-head joint
-    covariance over tokens -> last_distribution (5 sigma; diag: marginal variances only)."""
+    covariance over tokens -> the unit's predictive (5 sigma; diag: marginal variances only)."""
     kw = {"max_len": 8} if variant == "standard" else {"num_inducing": 2, "cov": cov}
     unit = _unit(variant, **kw).eval()
     _identity_out(unit)
@@ -206,8 +209,8 @@ def test_unit_sample_covariance_matches_analytic(variant, cov):
     torch.manual_seed(0)
     with torch.no_grad():
         f = unit(x).view(S, N, 2, 4).permute(0, 2, 3, 1)                # [S, H, D, N]
-    mean = unit.last_distribution.mean[0]
-    Sigma = unit.last_distribution.covariance_matrix[0]
+        post = unit.predictive(x[:1]).mvn                               # the one sequence
+    mean, Sigma = post.mean[0], post.covariance_matrix[0]
     d = f - mean
     se_mean = (Sigma.diagonal(dim1=-2, dim2=-1) / S).sqrt()
     assert (d.mean(0).abs() <= 5 * se_mean).all()
@@ -307,8 +310,10 @@ def test_gp_dtype_float64_under_float32_inputs():
 # -- Pyro ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("variant", ["standard", "decoupled"])
 def test_sites_mode_sites_and_kl_match_thin_mode(variant):
-    """Standard: u is local (inside the data plate); decoupled: u is global. The ELBO's analytic
-    KL of the site equals the thin-mode KL term."""
+    """Standard: u is local (inside the data plate); decoupled: u is global, drawn once per
+    sequence (site batch [B, H, D] under poutine.scale(1/B)). The ELBO's analytic KL of the
+    site (times the site's scale, as TraceMeanField_ELBO weights it) equals the thin-mode KL
+    term: the global KL is counted once."""
     unit = _unit(variant, max_len=8, num_inducing=3)
     unit.site_prefix = "blocks.0.attn"
     x = _x(B=3)
@@ -322,14 +327,18 @@ def test_sites_mode_sites_and_kl_match_thin_mode(variant):
     site_g, site_m = guide.nodes["blocks.0.attn.u"], model.nodes["blocks.0.attn.u"]
     in_plate = any(f.name == "data" for f in site_g["cond_indep_stack"])
     assert in_plate == (variant == "standard")
+    assert torch.equal(site_g["value"], site_m["value"])
     kl = torch.distributions.kl_divergence(site_g["fn"], site_m["fn"])
     if variant == "standard":
+        assert site_g["value"].shape == (3, 2, 5, 4)                     # [B, H, N, D]
         assert kl.shape == (3,)
         torch.testing.assert_close(kl, thin["kl"])
         assert set(unit.objective_terms()) == set()
     else:
+        assert site_g["value"].shape == (3, 2, 4, 3)                     # [B, H, D, M]
+        assert site_g["scale"] == pytest.approx(1 / 3) and site_m["scale"] == site_g["scale"]
         assert kl.shape == ()
-        torch.testing.assert_close(kl, thin["kl_global"])
+        torch.testing.assert_close(kl * site_g["scale"], thin["kl_global"])
         assert set(unit.objective_terms()) == {"kl"}          # the local γ part stays a term
 
 
@@ -376,16 +385,26 @@ def test_samples_propagate_through_every_sgpa_block():
 
 
 @pytest.mark.parametrize("variant", ["standard", "decoupled"])
-def test_eval_mode_posterior_is_lazy(variant):
-    """last_distribution never densifies the [B, H, D, N, N] covariances (a 20x eval slowdown
-    when a dense + root sum was materialised)."""
+def test_eval_mode_posterior_is_lazy(variant, monkeypatch):
+    """The predictive never densifies the [B, H, D, N, N] covariances (a 20x eval slowdown
+    when a dense + root sum was materialised), in evaluation and training mode alike; a forward
+    pass never builds it (no cost in training or evaluation)."""
     from linear_operator.operators import DenseLinearOperator, LinearOperator
 
     unit = _unit(variant, max_len=8, num_inducing=3).eval()
-    unit(_x())
-    cov = unit.last_distribution.lazy_covariance_matrix
-    assert isinstance(cov, LinearOperator) and not isinstance(cov, DenseLinearOperator)
-    assert unit.last_distribution.batch_shape == (2, 2, 4)
-    unit.train()
-    unit(_x())
-    assert unit.last_distribution is None          # not built in training (no cost)
+    for training in (False, True):
+        unit.train(training)
+        post = unit.predictive(_x()).mvn
+        cov = post.lazy_covariance_matrix
+        assert isinstance(cov, LinearOperator) and not isinstance(cov, DenseLinearOperator)
+        assert post.batch_shape == (2, 2, 4) and post.event_shape == (5,)
+    built = []
+    real = type(unit.strategy).forward
+    monkeypatch.setattr(type(unit.strategy), "forward",
+                        lambda self, *a, **k: built.append(1) or real(self, *a, **k))
+    for training in (False, True):
+        unit.train(training)
+        unit(_x())
+    assert not built                               # not built by a forward pass (no cost)
+    unit.predictive(_x())
+    assert len(built) == 1

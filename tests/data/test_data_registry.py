@@ -65,6 +65,17 @@ def test_register_new_dataset_and_empty_split():
         del DATASETS["toy_test_only"]
 
 
+def test_reader_modules_register_their_datasets_and_selection_metrics():
+    from gpattn_ppl.data import cifar, cola, imdb
+
+    assert DATASETS["cola"].builder.__module__ == cola.__name__
+    assert DATASETS["imdb"].builder.__module__ == imdb.__name__
+    assert DATASETS["cifar10"].builder.__module__ == cifar.__name__
+    declared = {n: s.select_metric for n, s in DATASETS.items()}
+    assert declared.items() >= {"cola": "mcc", "imdb": "acc", "cifar10": "acc"}.items()
+    assert load_data("cola", max_len=8, limit_train=20).select_metric == "mcc"
+
+
 def test_bundle_fields():
     b = load_data("cola", protocol="712", max_len=8)
     assert isinstance(b, DataBundle)
@@ -76,7 +87,7 @@ def test_all_is_complete():
     for name in data.__all__:
         assert hasattr(data, name), name
     for module in ("batch", "dataset", "tokenizer", "pretrained", "cola", "imdb", "cr", "cifar",
-                   "registry"):
+                   "registry", "load", "splits"):
         mod = importlib.import_module(f"gpattn_ppl.data.{module}")
         public = {n for n in vars(mod) if not n.startswith("_")
                   and getattr(getattr(mod, n), "__module__", None) == mod.__name__}

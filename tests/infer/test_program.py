@@ -8,8 +8,8 @@ from pyro.infer import SVI, TraceMeanField_ELBO
 from gpattn_ppl.attention import AttentionUnit, register_attention
 from gpattn_ppl.attention.registry import ATTENTION
 from gpattn_ppl.infer.program import PyroProgram
-from gpattn_ppl.infer.schedules import build_schedule
 from gpattn_ppl.models import build_model
+from gpattn_ppl.ppl import build_schedule
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,13 @@ def test_terms_are_placed_in_and_out_of_the_plate_with_weights(toy_unit):
     site = tr.nodes["blocks.0.attn.kl"]
     assert [f.name for f in site["cond_indep_stack"]] == ["data"]
     assert tr.nodes["blocks.0.attn.kl_global"]["cond_indep_stack"] == ()
+    # each term is pyro.factor(name, -value) under poutine.scale(w) (times the plate's N/B)
+    for name, w, plate_scale in (("blocks.0.attn.kl", 0.5, N_data / 4),
+                                 ("blocks.0.attn.kl_global", 0.5, 1.0),
+                                 ("blocks.0.attn.ksvd_loss", 2.0, N_data / 4)):
+        node = tr.nodes[name]
+        torch.testing.assert_close(node["fn"].log_prob(node["value"]), -unit_terms[name])
+        assert node["scale"] == pytest.approx(w * plate_scale), name
     torch.manual_seed(1)
     loss = prog.loss(x, mask, y, idx)
     torch.manual_seed(1)
@@ -84,6 +91,16 @@ def test_terms_are_placed_in_and_out_of_the_plate_with_weights(toy_unit):
     per_datum = (ce + 0.5 * terms["blocks.0.attn.kl"] + 2.0 * terms["blocks.0.attn.ksvd_loss"]).mean()
     per_datum = per_datum + 0.5 * terms["blocks.0.attn.kl_global"] / N_data
     torch.testing.assert_close(loss, per_datum)
+
+
+def test_zero_weight_terms_place_no_factor(toy_unit):
+    net = _model("_toy")
+    prog = PyroProgram(net, num_data=100, objective={"kl_weight": 0.0, "ksvd_weight": 1.0})
+    x, mask, y, idx = _batch()
+    tr = poutine.trace(prog.model).get_trace(x, mask, y, idx)
+    assert "blocks.0.attn.kl" not in tr.nodes and "blocks.0.attn.kl_global" not in tr.nodes
+    assert "blocks.0.attn.ksvd_loss" in tr.nodes
+    assert {"blocks.0.attn.kl", "blocks.0.attn.kl_global"} <= set(prog.last_terms)
 
 
 def test_global_terms_are_divided_by_num_data():
@@ -168,5 +185,8 @@ def test_schedules(spec, t, expected):
 def test_linear_schedule_defaults_to_the_whole_run():
     prog = PyroProgram(_model(), 10, objective={"kl_weight": {"start": 0.0, "end": 1.0}},
                        total_epochs=4)
-    with prog.at_epoch(1.0):
-        assert prog.weight("blocks.0.attn.kl") == pytest.approx(0.25)
+    assert prog.weight("blocks.0.attn.kl") == pytest.approx(0.0)
+    prog.set_epoch(1.0)                                      # the clock stays where it is set
+    assert prog.epoch == 1.0
+    assert prog.weight("blocks.0.attn.kl") == pytest.approx(0.25)
+    assert prog.weight("blocks.0.attn.kl_global") == pytest.approx(0.25)

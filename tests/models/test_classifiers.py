@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from gpattn_ppl.attention import posterior_mean
 from gpattn_ppl.models import TextClassifier, ViTClassifier, build_model
+from gpattn_ppl.settings import posterior_mean
 
 SPEC = {"dim": 16, "heads": 2, "depth": 2, "mlp_dim": 16, "dropout": 0.1}
 

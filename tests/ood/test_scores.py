@@ -115,5 +115,6 @@ def test_missing_or_bad_inputs():
 
 
 def test_all_is_complete():
-    assert set(ood_pkg.__all__) == {"SCORE_NAMES", "ood_score", "kl_matching_templates"}
+    assert set(ood_pkg.__all__) == {"DETECTOR_NAMES", "SCORE_NAMES", "ood_score",
+                                    "kl_matching_templates", "ood_report"}
     assert all(hasattr(ood_pkg, n) for n in ood_pkg.__all__)

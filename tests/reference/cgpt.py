@@ -158,3 +158,12 @@ class SCGPReference:
             r = target[None] - pred[:, :, None]
             total = total - r.square().sum((1, 2)) / (2 * s2) - D * n / 2 * math.log(2 * math.pi * s2)
         return total
+
+
+def conditional_mean(t, z_k):
+    r""":math:`\mathbb E[z_q\mid z_k] = K_{qo}P_oK_{ok}P_kz_k` (CGPT eq. 22) for arbitrary key
+    observations ``z_k [B, H, N, D]``, from a :class:`~gpattn_ppl.gp.CGPTerms`; the library's
+    ``CorrelatedGP.mean`` is the case :math:`z_k = (K_k + \sigma^2 I)V`."""
+    from gpattn_ppl import linalg
+
+    return t.F_q.mT @ (t.K_ok @ linalg.cholesky_solve(z_k.to(t.dtype), t.L_k))

@@ -96,3 +96,13 @@ class PositiveFeatureKernel(Kernel):
         if diag:
             return (self.features(x1) * self.features(x2)).sum(-1)
         return self.features(x1) @ self.features(x2).transpose(-1, -2)
+
+
+def decoupled_kl_beta(strategy, state):
+    """Global (β) KL part of decoupled SGPA per head and channel, ``[H, D]`` (zeros when M = 0):
+    KL(q(u_w) || N(0, I)) from the strategy's distributions (the unit reports its sum as
+    ``kl_global``)."""
+    if strategy.num_inducing == 0:
+        return state.v.new_zeros(strategy.heads, strategy.head_dim)
+    q = strategy.variational_distribution(state)
+    return torch.distributions.kl_divergence(q, strategy.prior_distribution(q))

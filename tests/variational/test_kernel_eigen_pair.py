@@ -3,9 +3,14 @@
 import pytest
 import torch
 from gpytorch.distributions import MultivariateNormal
-from gpytorch.variational import _VariationalStrategy
-from linear_operator.operators import DiagLinearOperator, LowRankRootLinearOperator
+from linear_operator.operators import (
+    CholLinearOperator,
+    DiagLinearOperator,
+    LowRankRootLinearOperator,
+    TriangularLinearOperator,
+)
 
+from gpattn_ppl.distributions import SharedScaleMVN
 from gpattn_ppl.features import KernelEigenFeatures
 from gpattn_ppl.variational import KernelEigenPairStrategy
 from tests.reference.kep_svgp import (
@@ -27,7 +32,7 @@ def _strategy(heads=H, head_dim=P_DIM, s=S, seed=0, feature_map="linear"):
 def _randomise_q(strat, seed=1, negative_diag=False):
     """A non-trivial q(u): random means and full lower-triangular Cholesky factors."""
     g = torch.Generator().manual_seed(seed)
-    q = strat._variational_distribution
+    q = strat.q_u
     Hh, s = strat.heads, strat.rank
     with torch.no_grad():
         q.variational_mean.copy_(torch.randn(Hh, s, s, generator=g, dtype=torch.float64))
@@ -62,7 +67,7 @@ def _dense_cov(dist):
 
 
 def _S(strat):
-    L = strat._variational_distribution.chol_variational_covar.detach().tril()
+    L = strat.q_u.chol_variational_covar.detach().tril()
     return L @ L.mT                                                           # [H, s, s, s]
 
 
@@ -86,7 +91,7 @@ def test_posterior_pair_equals_dense_conditioning_of_rank_s_joint_prior():
     E, R = strat.features.project(phi_q[None], phi_k[None])
     q_e, q_r = strat(E, R)
     K, lam2 = svd["K"], svd["lam"].square()
-    m, Su = strat._variational_distribution.variational_mean.detach(), _S(strat)
+    m, Su = strat.q_u.variational_mean.detach(), _S(strat)
     K_uu = torch.diag_embed(lam2)[:, None]                                   # [H, 1, s, s]
     for q_f, K_ff, Hx in ((q_e, K @ K.mT, svd["H_e"]), (q_r, K.mT @ K, svd["H_r"])):
         K_fu = (Hx * lam2[:, None, :])[:, None]                              # H Λ², [H, 1, n, s]
@@ -106,7 +111,7 @@ def test_remark_3_1_dropped_residual_beyond_rank_s():
     K, lam2 = svd["K"], svd["lam"].square()
     K_fu = (svd["H_e"] * lam2[:, None, :])[:, None]
     _, cov = dense_svgp_posterior((K @ K.mT)[:, None], K_fu, torch.diag_embed(lam2)[:, None],
-                                  strat._variational_distribution.variational_mean.detach(),
+                                  strat.q_u.variational_mean.detach(),
                                   _S(strat))
     residual = cov - _dense_cov(q_e)[0]
     expected = (svd["all_sv"][:, S:] ** 4).sum(-1)                          # [H]
@@ -146,7 +151,7 @@ def test_covariance_is_symmetric_low_rank_and_not_the_shorthand():
     assert (shorthand - cov).abs().max() > 1e-2
     # ... but both agree when S_d is diagonal (S_d commutes with Λ)
     with torch.no_grad():
-        Ld = strat._variational_distribution.chol_variational_covar
+        Ld = strat.q_u.chol_variational_covar
         Ld.copy_(torch.diag_embed(Ld.diagonal(dim1=-2, dim2=-1)))
     cov_d = _dense_cov(strat.posterior(E))
     Sd = _S(strat)
@@ -185,11 +190,17 @@ def test_kl_eq21_matches_gpytorch_torch_and_dense(negative_diag):
     strat.features.lambda_ = torch.tensor([[0.3, 1.2, 2.0], [0.7, 0.9, 1.5]], dtype=torch.float64)
     kl = strat.kl_divergence()
     assert kl.shape == (H, S)
-    gp = _VariationalStrategy.kl_divergence(strat)                           # gpytorch's generic KL
-    torch.testing.assert_close(kl, gp, rtol=1e-10, atol=1e-10)
-    m = strat._variational_distribution.variational_mean.detach()
-    L = strat._variational_distribution.chol_variational_covar.detach().tril()
+    m = strat.q_u.variational_mean.detach()
+    L = strat.q_u.chol_variational_covar.detach().tril()
     lam = strat.features.lambda_.detach()
+    # gpytorch's registered KL of its own MVNs, built from the parameters as gpytorch's
+    # CholeskyVariationalDistribution and a diagonal prior would be (any diagonal sign)
+    q_gp = MultivariateNormal(m, CholLinearOperator(TriangularLinearOperator(L)))
+    p_gp = MultivariateNormal(torch.zeros_like(m),
+                              DiagLinearOperator(lam.square()[:, None].expand(H, S, S)))
+    gp = torch.distributions.kl_divergence(q_gp, p_gp)
+    assert gp.shape == (H, S)
+    torch.testing.assert_close(kl, gp, rtol=1e-10, atol=1e-10)
     prior_cov = torch.diag_embed(lam.square())[:, None].expand(H, S, S, S)
     torch.testing.assert_close(kl, kl_reference(m, L @ L.mT, prior_cov), rtol=1e-10, atol=1e-10)
     if not negative_diag:                                                    # torch needs diag > 0
@@ -198,7 +209,8 @@ def test_kl_eq21_matches_gpytorch_torch_and_dense(negative_diag):
                                                    scale_tril=torch.diag_embed(lam)[:, None])
         torch.testing.assert_close(kl, torch.distributions.kl_divergence(q, p),
                                    rtol=1e-10, atol=1e-10)
-    # and the pair the unit hands to its Pyro site: gpytorch's registered kl_mvn_mvn
+    # and the pair the unit hands to its Pyro site (SharedScaleMVNs; the ELBO's KL in sites
+    # mode), for any sign of the free Cholesky diagonal like gpytorch's
     torch.testing.assert_close(
         kl, torch.distributions.kl_divergence(strat.variational_distribution,
                                               strat.prior_distribution), rtol=1e-10, atol=1e-10)
@@ -215,8 +227,13 @@ def test_prior_matches_q_batch_shape_and_is_diagonal():
     strat = _strategy()
     p, q = strat.prior_distribution, strat.variational_distribution
     assert p.batch_shape == q.batch_shape == (H, S) and p.event_shape == q.event_shape == (S,)
-    assert isinstance(p, MultivariateNormal)
-    assert isinstance(p.lazy_covariance_matrix, DiagLinearOperator)
+    assert isinstance(p, SharedScaleMVN) and isinstance(q, SharedScaleMVN)
+    assert isinstance(p, torch.distributions.MultivariateNormal)
+    scale = p.scale_tril                                                     # diagonal Λ
+    assert torch.equal(scale, torch.diag_embed(scale.diagonal(dim1=-2, dim2=-1)))
+    torch.testing.assert_close(p.covariance_matrix,
+                               torch.diag_embed(p.variance))                 # diagonal covariance
+    assert (p.mean == 0).all()
     torch.testing.assert_close(p.variance, strat.features.lambda_.square()[:, None].expand(H, S, S))
 
 
@@ -234,7 +251,7 @@ def test_no_cache_survives_new_inputs_or_parameters(training):
     assert not torch.allclose(a.mean, b.mean)
     kl0 = strat.kl_divergence().detach().clone()
     with torch.no_grad():
-        strat._variational_distribution.variational_mean.add_(1.0)
+        strat.q_u.variational_mean.add_(1.0)
         strat.features.raw_lambda.add_(0.1)
     c, _ = strat(E2, R2)
     assert not torch.allclose(c.mean, b.mean)
@@ -308,14 +325,14 @@ def test_gradients_reach_W_e_W_r_lambda_m_and_S():
     loss.backward()
     named = dict(strat.named_parameters())
     for name in ("features.W_e", "features.W_r", "features.raw_lambda", "features.qk.weight",
-                 "_variational_distribution.variational_mean",
-                 "_variational_distribution.chol_variational_covar"):
+                 "q_u.variational_mean", "q_u.chol_variational_covar"):
         g = named[name].grad
         assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, name
 
 
 def test_state_dict_round_trip():
     a, b = _strategy(seed=0), _strategy(seed=1)
+    assert {"q_u.variational_mean", "q_u.chol_variational_covar"} <= set(a.state_dict())
     b.load_state_dict(a.state_dict())
     E = torch.randn(2, H, N, S, dtype=torch.float64)
     torch.testing.assert_close(a.posterior(E).mean, b.posterior(E).mean)

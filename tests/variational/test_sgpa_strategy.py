@@ -8,11 +8,13 @@ from gpytorch.kernels import ScaleKernel
 from torch.distributions import MultivariateNormal, kl_divergence
 
 from gpattn_ppl import settings
+from gpattn_ppl.distributions import StandardNormalMVN, TokenNormal
 from gpattn_ppl.kernels import gram, make_attention_kernel
-from gpattn_ppl.variational import DecoupledSGPAStrategy, SGPAStrategy, StandardNormalMVN
-from gpattn_ppl.variational.sgpa_strategy import block_mask, free_cholesky
+from gpattn_ppl.linalg import block_mask, free_cholesky
+from gpattn_ppl.variational import DecoupledSGPAStrategy, SGPAStrategy
 from tests.reference.sgpa import (
     PositiveFeatureKernel,
+    decoupled_kl_beta,
     decoupled_sgpa_reference,
     dense_conditional,
     dense_joint_conditional,
@@ -131,9 +133,19 @@ def test_standard_tied_posterior_is_q_of_u():
     R = free_cholesky(strat.raw_chol[:, :5, :5])
     torch.testing.assert_close(post.mean, (K @ v).mT, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(post.covariance_matrix[:, :, 0], L @ R @ R.mT @ L.mT)
-    # a function sample is L u_w
-    u_w = strat.variational_distribution(state).rsample()
-    torch.testing.assert_close(strat.propagate(state, u_w), L @ u_w.mT)
+    # q(u_w): a TokenNormal, batch [B, H], event (N, D), mean m_w, row covariance R Rᵀ
+    q_u = strat.variational_distribution(state)
+    assert isinstance(q_u, TokenNormal)
+    assert q_u.batch_shape == (2, H) and q_u.event_shape == (5, D)
+    torch.testing.assert_close(q_u.mean, state.q_mu)
+    torch.testing.assert_close(q_u.covariance_matrix.expand(2, H, 5, 5),
+                               (R @ R.mT).expand(2, H, 5, 5))
+    p_u = strat.prior_distribution(q_u)
+    assert p_u.batch_shape == q_u.batch_shape and p_u.event_shape == q_u.event_shape
+    # a function sample is L u_w, u_w [B, H, N, D]
+    u_w = q_u.rsample()
+    assert u_w.shape == (2, H, 5, D)
+    torch.testing.assert_close(strat.propagate(state, u_w), L @ u_w)
 
 
 def test_standard_small_S_mean_is_kernel_attention_with_K_qk_K_kk_inverse():
@@ -162,7 +174,7 @@ def test_standard_kl_matches_torch_unwhitened_and_whitened():
     state = strat.prepare(k, v)
     ours = strat.kl_divergence(state)
     assert ours.shape == (2, H, D)
-    L, R, m_w = state.L, state.R, state.m_w
+    L, R, m_w = state.L, state.q_sqrt, state.q_mu
     # unwhitened: KL(N(L m_w, L S̃ Lᵀ) || N(0, L Lᵀ)), plain torch MVNs
     q = MultivariateNormal((L @ m_w).mT, scale_tril=(L @ R).unsqueeze(2).expand(2, H, D, 5, 5))
     p = MultivariateNormal(torch.zeros(2, H, D, 5, dtype=torch.float64),
@@ -188,9 +200,9 @@ def test_standard_padding_block_trick():
     torch.testing.assert_close(pp.mean[..., :4], po.mean)
     torch.testing.assert_close(pp.covariance_matrix[..., :4, :4], po.covariance_matrix)
     torch.testing.assert_close(strat.kl_divergence(sp), strat.kl_divergence(so))
-    u = strat.variational_distribution(sp).rsample()
+    u = strat.variational_distribution(sp).rsample()                      # [B, H, N, D]
     f = strat.propagate(sp, u)
-    f_real = strat.propagate(so, u[..., :4])
+    f_real = strat.propagate(so, u[:, :, :4])
     torch.testing.assert_close(f[:, :, :4], f_real)
 
 
@@ -220,7 +232,7 @@ def test_standard_sample_covariance_matches_analytic():
     post = strat(state)
     S = 100_000
     torch.manual_seed(0)
-    u = strat.variational_distribution(state).expand(torch.Size([S, H, D])).rsample()
+    u = strat.variational_distribution(state).rsample(torch.Size([S]))[:, 0]   # [S, H, N, D]
     f = strat.propagate(state, u).mT.detach()                            # [S, H, D, N]
     _mc_check(f, post.mean[0].detach(), post.covariance_matrix[0].detach())
 
@@ -236,7 +248,7 @@ def test_decoupled_matches_textbook_reference():
     W = _weight()
     state = strat.prepare(q, v, W)
     post = strat(state)
-    kl_b, kl_g = strat.kl_beta(state), strat.kl_gamma(state)
+    kl_b, kl_g = decoupled_kl_beta(strat, state), strat.kl_gamma(state)
     k_beta = torch.einsum("hmc,hdc->hmd", strat.inducing.inducing_inputs, W)
     R = free_cholesky(strat.raw_chol)
     for b in range(2):
@@ -260,9 +272,9 @@ def test_decoupled_without_global_keys_is_the_amortised_part():
     torch.testing.assert_close(post.mean, (K @ v).mT)
     torch.testing.assert_close(post.covariance_matrix[:, :, 2], K)
     torch.testing.assert_close(strat.kl_gamma(state), 0.5 * (v * (K @ v)).sum(-2))
-    assert torch.equal(strat.kl_beta(state), torch.zeros(H, D, dtype=torch.float64))
+    assert torch.equal(decoupled_kl_beta(strat, state), torch.zeros(H, D, dtype=torch.float64))
     torch.manual_seed(1)
-    f = strat.propagate(state, None, sample=False)
+    f = strat.propagate(state, None)                                     # no conditional noise
     torch.testing.assert_close(f, K @ v)
     # ... the standard strategy with R = I on the same tokens agrees
     std = SGPAStrategy(strat.kernel, H, 8).double()
@@ -301,7 +313,7 @@ def test_decoupled_with_zero_token_weights_is_whitened_svgp_on_global_keys():
                                            atol=1e-9)
             kl = kl_divergence(MultivariateNormal(m_u[:, c], S_u),
                                MultivariateNormal(torch.zeros(3, dtype=torch.float64), Kbb))
-            torch.testing.assert_close(strat.kl_beta(state)[h, c], kl, rtol=1e-7, atol=1e-9)
+            torch.testing.assert_close(decoupled_kl_beta(strat, state)[h, c], kl, rtol=1e-7, atol=1e-9)
     assert torch.equal(strat.kl_gamma(state), torch.zeros(2, H, D, dtype=torch.float64))
 
 
@@ -338,7 +350,8 @@ def test_decoupled_sample_moments_match_analytic(cov):
     S = 100_000
     torch.manual_seed(0)
     u = strat.variational_distribution(state).expand(torch.Size([S, H, D])).rsample()
-    f = strat.propagate(state, u, cov=cov).mT.detach()                  # [S, H, D, N]
+    xi = strat.conditional_noise(state, cov=cov).rsample(torch.Size([S]))[:, 0]  # [S, H, N, D]
+    f = (strat.propagate(state, u) + xi).mT.detach()                    # [S, H, D, N]
     mean, Sigma = post.mean[0].detach(), post.covariance_matrix[0].detach()
     if cov == "full":
         _mc_check(f, mean, Sigma)
@@ -386,7 +399,8 @@ def test_strategy_gradcheck_tiny():
         state = strat.prepare(q, v, W)
         qu = strat.variational_distribution(state)
         torch.manual_seed(0)
-        return strat.propagate(state, qu.rsample().unsqueeze(0), cov="full")
+        return (strat.propagate(state, qu.rsample().unsqueeze(0))
+                + strat.conditional_noise(state, cov="full").rsample())
 
     q, v = _tokens(B=1, N=3)
     assert torch.autograd.gradcheck(fn, (q.requires_grad_(), v.requires_grad_()))

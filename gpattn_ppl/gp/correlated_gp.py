@@ -1,0 +1,345 @@
+r"""Correlated Gaussian processes (CGPT §3, App. A-B): the exact attention head.
+
+Notation (per batch element b and head h; all matrices ``[B, H, N, N]``, inputs ``[B, H, N, D]``):
+queries :math:`q = XW_q`, keys :math:`k = XW_k`, latent inputs :math:`x_o = XW_o`, values
+:math:`V = XW_v`; :math:`\kappa_o` the canonical SE kernel;
+:math:`K_q = \sigma_q^2\kappa_o(q, q)`, :math:`K_k = \sigma_k^2\kappa_o(k, k)`,
+:math:`K_o = \kappa_o(x_o, x_o)`, :math:`K_{qo} = \sigma_q\kappa_o(q, x_o)`,
+:math:`K_{ok} = \sigma_k\kappa_o(x_o, k)`; :math:`P_o = (K_o + \sigma^2 I)^{-1}`,
+:math:`P_k = (K_k + \sigma^2 I)^{-1}`. The derivations are in ``docs/derivations/cgpt.rst``.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+
+import gpytorch
+import torch
+
+from .. import linalg, settings
+from ..distributions.token_normal import TokenNormal
+from ..kernels.canonical_se import CanonicalSEKernel
+from .scales import CorrelatedScales
+
+__all__ = ["CorrelatedGP", "CGPTerms"]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+
+def _masks(mask: torch.Tensor | None, dtype: torch.dtype):
+    """``(pair, pad_eye, n_b)``: ``[B, 1, N, N]`` real-pair indicator, ``[B, 1, N, N]`` identity on
+    padded positions, ``[B, 1]`` real-token counts (``None, 0, None`` without a mask)."""
+    if mask is None:
+        return None, 0.0, None
+    m = mask.to(dtype)
+    pair = (m[:, :, None] * m[:, None, :])[:, None]
+    pad_eye = torch.diag_embed(1.0 - m)[:, None]
+    return pair, pad_eye, m.sum(-1, keepdim=True)
+
+
+class CGPTerms:
+    r"""The kernel matrices and factors of one CGP call, each computed on first use.
+
+    Padding uses the block trick (METHODS §0): every kernel matrix has its padded rows and
+    columns zeroed, every factorised matrix gets 1 on its padded diagonal, so the real-token
+    block equals the computation on the unpadded sequence. All matrices ``[B, H, N, N]``, in
+    :class:`~gpattn_ppl.settings.gp_dtype`.
+
+    Factors (:math:`L_o L_o^\top = K_o + \sigma^2 I`, :math:`L_k L_k^\top = K_k + \sigma^2 I`):
+    :math:`R_q = L_o^{-1}K_{oq}`, :math:`F_q = L_o^{-\top}R_q = P_o K_{oq}`,
+    :math:`R_k = L_o^{-1}K_{ok}`, :math:`F_k = P_o K_{ok}`.
+    """
+
+    def __init__(self, q, k, x_o, *, scale_q, scale_k, noise: float, mask=None, where: str = "",
+                 kernel: CanonicalSEKernel | None = None) -> None:
+        dtype = settings.gp_dtype.resolve(q.dtype)
+        self.q, self.k, self.x_o = q.to(dtype), k.to(dtype), x_o.to(dtype)
+        self.dtype, self.device = dtype, q.device
+        self.sq = scale_q.to(dtype).view(-1, 1, 1)
+        self.sk = scale_k.to(dtype).view(-1, 1, 1)
+        self.noise_var = float(noise) ** 2
+        self.mask, self.where = mask, where
+        self.kernel = kernel if kernel is not None else CanonicalSEKernel()
+        self.pair, self.pad_eye, self.n_b = _masks(mask, dtype)
+        N = q.shape[-2]
+        self.eye = torch.eye(N, dtype=dtype, device=q.device)
+        if self.n_b is None:
+            self.n_b = torch.full((q.shape[0], 1), float(N), dtype=dtype, device=q.device)
+
+    # -- kernels ----------------------------------------------------------------------------
+    def _k(self, a, b, scale=None):
+        K = self.kernel.forward(a, b)
+        if scale is not None:
+            K = scale * K
+        return K if self.pair is None else K * self.pair
+
+    def _chol(self, A):
+        return linalg.cholesky(linalg.symmetrise(A) + self.pad_eye, where=self.where, head_axis=1)
+
+    @cached_property
+    def K_o(self):
+        return self._k(self.x_o, self.x_o)
+
+    @cached_property
+    def K_q(self):
+        return self._k(self.q, self.q, self.sq**2)
+
+    @cached_property
+    def K_k(self):
+        return self._k(self.k, self.k, self.sk**2)
+
+    @cached_property
+    def K_qo(self):
+        return self._k(self.q, self.x_o, self.sq)
+
+    @cached_property
+    def K_ok(self):
+        return self._k(self.x_o, self.k, self.sk)
+
+    # -- factors ------------------------------------------------------------------------------
+    @cached_property
+    def L_o(self):
+        return self._chol(self.K_o + self.noise_var * self.eye)
+
+    @cached_property
+    def L_k(self):
+        return self._chol(self.K_k + self.noise_var * self.eye)
+
+    @cached_property
+    def R_q(self):
+        return linalg.triangular_solve(self.K_qo.mT, self.L_o)
+
+    @cached_property
+    def F_q(self):
+        return linalg.triangular_solve(self.R_q, self.L_o, transpose=True)
+
+    @cached_property
+    def R_k(self):
+        return linalg.triangular_solve(self.K_ok, self.L_o)
+
+    @cached_property
+    def F_k(self):
+        return linalg.triangular_solve(self.R_k, self.L_o, transpose=True)
+
+    # -- products shared by the covariances -------------------------------------------------------
+    @cached_property
+    def RR_q(self):
+        r""":math:`R_q^\top R_q = K_{qo}P_oK_{oq}`."""
+        return self.R_q.mT @ self.R_q
+
+    @cached_property
+    def RR_k(self):
+        return self.R_k.mT @ self.R_k
+
+    @cached_property
+    def FF_q(self):
+        return self.F_q.mT @ self.F_q
+
+    @cached_property
+    def FF_k(self):
+        return self.F_k.mT @ self.F_k
+
+    @cached_property
+    def J(self):
+        """:math:`J = L_k^{-1}K_{ko}` (whitened key-to-latent cross-covariance)."""
+        return linalg.triangular_solve(self.K_ok.mT, self.L_k)
+
+    # -- covariances ----------------------------------------------------------------------------
+    @cached_property
+    def sigma_q(self):
+        r""":math:`\Sigma_q = \mathrm{Cov}[z_q\mid z_o] = K_q - K_{qo}P_oK_{oq} = K_q - R_q^\top R_q`."""
+        return linalg.symmetrise(self.K_q - self.RR_q)
+
+    @cached_property
+    def sigma_k(self):
+        r""":math:`\Sigma_k = \mathrm{Cov}[z_k\mid z_o] = K_k - K_{ko}P_oK_{ok} = K_k - R_k^\top R_k`."""
+        return linalg.symmetrise(self.K_k - self.RR_k)
+
+    @cached_property
+    def X_q(self):
+        r""":math:`X_q = A_qK_oA_q^\top = F_q^\top K_oF_q = R_q^\top R_q - \sigma^2F_q^\top F_q`
+        (:math:`K_oF_q = K_{oq} - \sigma^2F_q`; the covariance of :math:`\mathbb E[z_q\mid z_o]`
+        under :math:`z_o\sim\mathcal N(0, K_o)`)."""
+        return linalg.symmetrise(self.RR_q - self.noise_var * self.FF_q)
+
+    @cached_property
+    def X_k(self):
+        r""":math:`X_k = F_k^\top K_oF_k = R_k^\top R_k - \sigma^2F_k^\top F_k`."""
+        return linalg.symmetrise(self.RR_k - self.noise_var * self.FF_k)
+
+    @cached_property
+    def sigma_o(self):
+        r""":math:`\Sigma_o = \mathrm{Cov}[z_o\mid z_k] = K_o - K_{ok}P_kK_{ko} = K_o - J^\top J`
+        (eq. 52 with its index typo fixed)."""
+        return linalg.symmetrise(self.K_o - self.J.mT @ self.J)
+
+    @cached_property
+    def sigma_post(self):
+        r""":math:`\Sigma_\text{post} = \mathrm{Cov}[z_q\mid z_k] = \Sigma_q + A_q\Sigma_oA_q^\top
+        = \Sigma_q + X_q - G^\top G` with :math:`G = JF_q`
+        (:math:`F_q^\top\Sigma_oF_q = F_q^\top K_oF_q - (JF_q)^\top JF_q`); never a second
+        moment minus :math:`\nu\nu^\top`."""
+        G = self.J @ self.F_q
+        return linalg.symmetrise(self.sigma_q + (self.X_q - G.mT @ G))
+
+
+class CorrelatedGP(CorrelatedScales, gpytorch.Module):
+    r"""Exact correlated-GP attention head (CGPT eqs. 13-29, App. A-B), batched over B x H x D.
+
+    Two GPs are affine input scalings of one canonical GP :math:`z_o \sim \mathcal{GP}(0,\kappa_o)`,
+    :math:`z_q(x) = \sigma_q z_o(xW_q)`, :math:`z_k(x) = \sigma_k z_o(xW_k)` (eqs. 13-16), linked
+    through the latent outputs :math:`z_o = z_o(x_o)`. With the key observations
+    :math:`Z = (K_k + \sigma^2 I)V` (eq. 24) the factor :math:`P_k Z = V` cancels and the
+    predictive mean is asymmetric kernel attention with a single solve (eqs. 22-25):
+
+    .. math::
+        \nu = \mathbb E[z_q\mid z_k = Z] = K_{qo}(K_o + \sigma^2 I)^{-1}K_{ok}\,V .
+
+    The predictive covariance (App. B, eqs. 45-52 without the second-moment route; the
+    :math:`\mu_o\mu_o^\top` parts cancel exactly) is shared by the D columns of a head:
+
+    .. math::
+        \Sigma_\text{post} = \Sigma_q + A_q\Sigma_o A_q^\top = \Sigma_q + F_q^\top\Sigma_oF_q,
+        \qquad F_q = P_oK_{oq} = A_q^\top,
+
+    with :math:`\Sigma_q = K_q - K_{qo}P_oK_{oq}`, :math:`\Sigma_o = K_o - K_{ok}P_kK_{ko}`,
+    :math:`A_q = K_{qo}P_o`. The CGP regulariser is :meth:`lower_bound`.
+
+    :param heads: H (σ_q, σ_k are per head with ``per_head_scales``, else shared).
+    :param noise: σ, the observation-noise standard deviation of eqs. 19-20 (σ² enters).
+    :param per_head_scales: one (σ_q, σ_k) pair per head instead of one shared pair [ref].
+
+    Cost per (b, h): O(N³) (Choleskys of :math:`K_o+\sigma^2I`, :math:`K_k+\sigma^2I`,
+    :math:`\Sigma_\text{post}`; for the regulariser also :math:`\Sigma_q`, :math:`\Sigma_k`)
+    plus O(N² D); memory O(N²). The mean alone needs one Cholesky.
+
+    >>> gp = CorrelatedGP(heads=2)
+    >>> q, k, xo, v = torch.randn(4, 3, 2, 5, 4).unbind(0)
+    >>> t = gp.terms(q, k, xo)
+    >>> gp.mean(t, v).shape, gp.predictive(t, v).covariance_matrix.shape
+    (torch.Size([3, 2, 5, 4]), torch.Size([3, 2, 5, 5]))
+    """
+
+    LOSSES = ("jensen", "marginal", "mc", "none")
+
+    def __init__(self, heads: int, *, noise: float = 1e-2, per_head_scales: bool = False) -> None:
+        super().__init__()
+        if not noise > 0:
+            raise ValueError(f"noise must be > 0 (sigma of CGPT eqs. 19-20), got {noise}")
+        self.heads, self.noise = int(heads), float(noise)
+        self.kernel = CanonicalSEKernel()
+        self._init_scales(self.heads, per_head_scales)
+
+    def terms(self, q, k, x_o, mask=None, *, where: str = "") -> CGPTerms:
+        """The lazily computed matrices of one call (``q, k, x_o: [B, H, N, D]``, mask ``[B, N]``)."""
+        return CGPTerms(q, k, x_o, scale_q=self.scale_q, scale_k=self.scale_k, noise=self.noise,
+                        mask=mask, where=where, kernel=self.kernel)
+
+    # -- predictive -------------------------------------------------------------------------
+    def mean(self, t: CGPTerms, v: torch.Tensor) -> torch.Tensor:
+        r"""Posterior mean :math:`\nu = K_{qo}\,\mathrm{cholsolve}(K_{ok}V, L_o)`, ``[B, H, N, D]``
+        (eq. 25 with the :math:`(K_k+\sigma^2I)` factors cancelled): one Cholesky. When the
+        covariance path has already formed :math:`F_q = P_oK_{oq}`, :math:`F_q^\top(K_{ok}V)`."""
+        v = v.to(t.dtype)
+        if "F_q" in vars(t):  # the covariance path has P_o K_oq already: no further solve
+            return t.F_q.mT @ (t.K_ok @ v)
+        return t.K_qo @ linalg.cholesky_solve(t.K_ok @ v, t.L_o)
+
+    def attention_matrix(self, t: CGPTerms) -> torch.Tensor:
+        r"""The asymmetric attention matrix :math:`\mathcal K = K_{qo}P_oK_{ok}` (eq. 24),
+        ``[B, H, N, N]``, with :math:`\nu = \mathcal K V`; padded columns are 0."""
+        return t.F_q.mT @ t.K_ok
+
+    def predictive(self, t: CGPTerms, v: torch.Tensor, mean: torch.Tensor | None = None
+                   ) -> TokenNormal:
+        r"""The predictive distribution :math:`z_q\mid z_k \sim` :class:`TokenNormal`
+        :math:`(\nu, \Sigma_\text{post})`, batch ``[B, H]``, event ``(N, D)``; padded rows get
+        unit variance (they are ignored downstream)."""
+        L = linalg.cholesky(t.sigma_post + t.pad_eye, where=t.where, head_axis=1)
+        return TokenNormal(self.mean(t, v) if mean is None else mean, scale_tril=L)
+
+    # -- the CGP regulariser --------------------------------------------------------------------
+    def lower_bound(self, t: CGPTerms, nu: torch.Tensor, v: torch.Tensor, kind: str = "jensen",
+                    samples: int = 1, *, observation_noise: bool = False) -> torch.Tensor:
+        r"""The CGP objective per sequence, summed over heads and output columns, ``[B]``.
+
+        For each head and column a, with :math:`z_a` the a-th column of
+        :math:`Z = (K_k + \sigma^2I)V` (eqs. 26-29, 36-44):
+
+        .. math::
+            \log\mathbb E_{z_o}\,p(z_q = \nu_a\mid z_o) + \log\mathbb E_{z_o}\,p(z_k = z_a\mid z_o),
+            \qquad z_o\sim\mathcal N(0, K_o),
+
+        :math:`p(z_q\mid z_o) = \mathcal N(A_qz_o, \Sigma_q)`,
+        :math:`p(z_k\mid z_o) = \mathcal N(A_kz_o, \Sigma_k)`, :math:`A_k = K_{ko}P_o`. ``kind``:
+
+        * ``"jensen"`` (the paper's bound, eqs. 38-44) in closed form -- every term is:
+          :math:`-\tfrac12[\nu_a^\top\Sigma_q^{-1}\nu_a + \mathrm{tr}(\Sigma_q^{-1}X_q) +
+          \log|\Sigma_q| + n_b\log 2\pi]` with :math:`X_q = A_qK_oA_q^\top = F_q^\top K_oF_q`;
+        * ``"marginal"``: the quantity Jensen bounds, itself closed form,
+          :math:`\log\mathcal N(\nu_a; 0, \Sigma_q + X_q)` (tighter, ≥ jensen);
+        * ``"mc"``: the paper's Monte-Carlo estimator of the Jensen bound (eqs. 42-43) with
+          ``samples`` draws :math:`z_o^i\sim\mathcal N(0, K_o)` shared by the columns.
+
+        Constants use the number of real tokens :math:`n_b`. Cost O(N³ + N² D) per (b, h).
+
+        With ``observation_noise`` every :math:`\Sigma_q, \Sigma_k` above becomes
+        :math:`\Sigma_q + \sigma^2I, \Sigma_k + \sigma^2I` (ν and Z scored as noisy observations),
+        which bounds each term above by :math:`-\tfrac{n_b D}{2}\log(2\pi\sigma^2)`.
+
+        :param nu: the posterior mean ``[B, H, N, D]`` (gradients flow through it).
+        :param v: the values ``[B, H, N, D]``.
+        :returns: ``[B]``, the bound (to be maximised; the unit reports its negative).
+        """
+        if kind not in self.LOSSES or kind == "none":
+            raise ValueError(f"kind must be one of jensen, marginal, mc; got {kind!r}")
+        nu = nu.to(t.dtype)
+        v = v.to(t.dtype)
+        if t.mask is not None:
+            v = v * t.mask[:, None, :, None].to(t.dtype)
+        z = t.K_k @ v + t.noise_var * v
+        D = nu.shape[-1]
+        const = D * t.n_b * _LOG_2PI
+        floor = 0.0
+        if observation_noise:  # sigma^2 I on the real block; pads keep their unit diagonal
+            floor = t.noise_var * (t.eye if t.pair is None else t.eye * t.pair)
+        chol = lambda S: linalg.cholesky(S + floor + t.pad_eye, where=t.where,  # noqa: E731
+                                         head_axis=1)
+        if kind == "marginal":
+            bound = 0.0
+            for target, S in ((nu, t.sigma_q + t.X_q), (z, t.sigma_k + t.X_k)):
+                L = chol(S)
+                quad = linalg.triangular_solve(target, L).square().sum((-1, -2))
+                bound = bound - 0.5 * (quad + D * _logdet(L, t.mask) + const)
+            return bound.sum(-1)
+        L_q, L_k = chol(t.sigma_q), chol(t.sigma_k)
+        if kind == "jensen":
+            bound = 0.0
+            for target, L, X in ((nu, L_q, t.X_q), (z, L_k, t.X_k)):
+                quad = linalg.triangular_solve(target, L).square().sum((-1, -2))
+                tr = linalg.cholesky_solve(X, L).diagonal(dim1=-2, dim2=-1).sum(-1)
+                bound = bound - 0.5 * (quad + D * tr + D * _logdet(L, t.mask) + const)
+            return bound.sum(-1)
+        # "mc": the paper's estimator, z_o ~ N(0, K_o)
+        L_0 = chol(t.K_o)
+        eps = torch.randn((int(samples),) + t.K_o.shape[:-1] + (1,), dtype=t.dtype,
+                          device=t.device)
+        z_o = L_0 @ eps  # [S, B, H, N, 1]
+        bound = 0.0
+        for target, L, F in ((nu, L_q, t.F_q), (z, L_k, t.F_k)):
+            r = target - F.mT @ z_o
+            quad = linalg.triangular_solve(r, L.expand(r.shape[:-2] + L.shape[-2:]))
+            quad = quad.square().sum((-1, -2)).mean(0)
+            bound = bound - 0.5 * (quad + D * _logdet(L, t.mask) + const)
+        return bound.sum(-1)
+
+
+def _logdet(L: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    r""":math:`\log|LL^\top|` over the real tokens only (a padded diagonal entry is 1 plus
+    jitter; leaving it out makes the value exactly that of the unpadded sequence)."""
+    logs = L.diagonal(dim1=-2, dim2=-1).log()
+    if mask is not None:
+        logs = logs * mask[:, None, :].to(logs.dtype)
+    return 2.0 * logs.sum(-1)

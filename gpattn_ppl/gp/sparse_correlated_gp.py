@@ -1,0 +1,300 @@
+r"""Sparse correlated Gaussian processes with DTC (SCGPT: CGPT §4, App. C-E).
+
+Notation per batch element and head: tokens as in :mod:`~gpattn_ppl.gp.correlated_gp`,
+two learned inducing sets in the canonical input space, :math:`s_m\in\mathbb R^{m\times D}`
+(query side, for :math:`z_q\mid z_o`) and :math:`s_l\in\mathbb R^{l\times D}` (key side, for
+:math:`z_o\mid z_k`); :math:`K_{mm} = \kappa_o(s_m, s_m)`, :math:`K_{om} = \kappa_o(x_o, s_m)`,
+:math:`K_{qm} = \sigma_q\kappa_o(q, s_m)`, :math:`K_{ll} = \kappa_o(s_l, s_l)`,
+:math:`K_{ol} = \kappa_o(x_o, s_l)`, :math:`K_{kl} = \sigma_k\kappa_o(k, s_l)`; σ is the DTC noise.
+No :math:`N\times N` matrix is formed except :math:`K_o` in the exact regulariser (``k_o="exact"``).
+The derivations are in ``docs/derivations/scgpt.rst``.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+
+import gpytorch
+import torch
+from torch import nn
+
+from .. import linalg, settings
+from ..distributions.token_normal import TokenNormal
+from ..kernels.canonical_se import TARGET_SQ_DIST, CanonicalSEKernel
+from .scales import CorrelatedScales
+
+__all__ = ["SparseCorrelatedGP", "SCGPTerms"]
+
+
+
+def _tr(A: torch.Tensor) -> torch.Tensor:
+    return A.diagonal(dim1=-2, dim2=-1).sum(-1)
+
+
+class SCGPTerms:
+    r"""The matrices and factors of one SCGP call, each computed on first use.
+
+    Token-side matrices are ``[B, H, N, m]`` / ``[B, H, N, l]`` with padded rows zeroed, so pads
+    drop out of every inducing-space product. With the rescaled DTC matrices
+
+    .. math::
+        \tilde B_m = \sigma^2 B_m = \sigma^2K_{mm} + K_{mo}K_{om}, \qquad
+        \tilde B_l = \sigma^2 K_{ll} + K_{lk}K_{kl}, \qquad
+        \tilde B'_l = \sigma^2 K_{ll} + K_{lo}K_{ol}
+
+    (:math:`B_m = K_{mm} + \sigma^{-2}K_{mo}K_{om}` of eqs. 31-33), the :math:`\sigma^{-2}`,
+    :math:`\sigma^{-4}` factors of the paper cancel and every factorised matrix is O(1)-scaled.
+    """
+
+    def __init__(self, q, k, x_o, s_m, s_l, *, scale_q, scale_k, noise: float, mask=None,
+                 where: str = "", kernel: CanonicalSEKernel | None = None,
+                 k_o: str = "exact") -> None:
+        dtype = settings.gp_dtype.resolve(q.dtype)
+        self.q, self.k, self.x_o = q.to(dtype), k.to(dtype), x_o.to(dtype)
+        self.s_m, self.s_l = s_m.to(dtype), s_l.to(dtype)
+        self.dtype, self.device = dtype, q.device
+        self.sq = scale_q.to(dtype).view(-1, 1, 1)
+        self.sk = scale_k.to(dtype).view(-1, 1, 1)
+        self.noise_var = float(noise) ** 2
+        self.mask, self.where, self.k_o = mask, where, k_o
+        self.kernel = kernel if kernel is not None else CanonicalSEKernel()
+        N = q.shape[-2]
+        if mask is None:
+            self.row = None
+            self.n_b = torch.full((q.shape[0], 1), float(N), dtype=dtype, device=q.device)
+        else:
+            m = mask.to(dtype)
+            self.row = m[:, None, :, None]
+            self.n_b = m.sum(-1, keepdim=True)
+
+    def _k(self, a, b, scale=None):
+        K = self.kernel.forward(a, b)
+        if scale is not None:
+            K = scale * K
+        return K if self.row is None else K * self.row
+
+    def _chol(self, A):
+        return linalg.cholesky(linalg.symmetrise(A), where=self.where, head_axis=1)
+
+    # -- kernels ----------------------------------------------------------------------------
+    @cached_property
+    def K_qm(self):
+        return self._k(self.q, self.s_m, self.sq)
+
+    @cached_property
+    def K_om(self):
+        return self._k(self.x_o, self.s_m)
+
+    @cached_property
+    def K_ol(self):
+        return self._k(self.x_o, self.s_l)
+
+    @cached_property
+    def K_kl(self):
+        return self._k(self.k, self.s_l, self.sk)
+
+    @cached_property
+    def K_mm(self):
+        return self.kernel.forward(self.s_m, self.s_m)
+
+    @cached_property
+    def K_ll(self):
+        return self.kernel.forward(self.s_l, self.s_l)
+
+    @cached_property
+    def K_o(self):
+        """Dense ``[B, H, N, N]`` latent Gram matrix (exact regulariser only), pads zeroed."""
+        K = self.kernel.forward(self.x_o, self.x_o)
+        return K if self.row is None else K * self.row * self.row.mT
+
+    # -- DTC factors ------------------------------------------------------------------------
+    @cached_property
+    def P_m(self):
+        """:math:`K_{mo}K_{om}`, ``[B, H, m, m]``."""
+        return self.K_om.mT @ self.K_om
+
+    @cached_property
+    def L_m(self):
+        return self._chol(self.noise_var * self.K_mm + self.P_m)
+
+    @cached_property
+    def L_l(self):
+        return self._chol(self.noise_var * self.K_ll + self.K_kl.mT @ self.K_kl)
+
+    @cached_property
+    def C_ml(self):
+        """:math:`K_{mo}K_{ol}`, ``[B, H, m, l]``."""
+        return self.K_om.mT @ self.K_ol
+
+    def nystrom(self, U: torch.Tensor) -> torch.Tensor:
+        r""":math:`U^\top \hat K_o U` with :math:`\hat K_o = K_{ol}K_{ll}^{-1}K_{lo}` (``k_o="nystrom"``)
+        or :math:`K_o` itself (``"exact"``), for ``U = K_{om}`` or ``K_{ol}``."""
+        if self.k_o == "exact":
+            return linalg.symmetrise(U.mT @ (self.K_o @ U))
+        W = U.mT @ self.K_ol  # [.., r, l]
+        L = self._chol(self.K_ll)
+        Y = linalg.triangular_solve(W.mT, L)
+        return linalg.symmetrise(Y.mT @ Y)
+
+
+class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
+    r"""Sparse correlated-GP attention head with DTC conditionals (CGPT §4, App. C-E).
+
+    Both conditionals of the CGP chain :math:`z_q\mid z_o` and :math:`z_o\mid z_k` are replaced
+    by their deterministic-training-conditional approximations through the inducing sets
+    :math:`s_m` and :math:`s_l` (eqs. 31-32). With the key observations :math:`Z = V` (eq. 34)
+    the predictive mean (eq. 33), evaluated right to left, is
+
+    .. math::
+        \nu = \sigma^{-4}K_{qm}B_m^{-1}K_{mo}K_{ol}B_l^{-1}K_{lk}V
+            = K_{qm}\tilde B_m^{-1}K_{mo}\,K_{ol}\tilde B_l^{-1}K_{lk}V,
+
+    O(N (m + l) D + N (m² + l²) + m³ + l³) per (b, h): linear in N. The predictive covariance
+    (App. D, eqs. 59-67, written out; the :math:`z_k`-dependent parts cancel against
+    :math:`\nu\nu^\top`) is isotropic plus rank m,
+
+    .. math::
+        \Sigma_\text{post} = \sigma^2 I + \sigma^2 A_{qm} M A_{qm}^\top, \qquad
+        A_{qm} = K_{qm}\tilde B_m^{-1}, \qquad
+        M = \sigma^2K_{mm} + 2K_{mo}K_{om} + K_{mo}K_{ol}\tilde B_l^{-1}K_{lo}K_{om},
+
+    sampled as :math:`\nu + \sigma E_1 + \sigma A_{qm}\,\mathrm{chol}(M)\,E_2` without any
+    :math:`N\times N` matrix. The regulariser is :meth:`lower_bound`.
+
+    :param heads: H. :param head_dim: D (dimension of the canonical input space).
+    :param num_inducing: m, size of the query-side set (paper: 16 on CIFAR; [ref] 5 on CoLA).
+    :param num_inducing_keys: l, size of the key-side set (default m).
+    :param noise: σ, the DTC noise standard deviation (paper: 0.1 images, 0.5 CoLA).
+    :param per_head_scales: one (σ_q, σ_k) pair per head instead of one shared pair.
+    :param k_o: ``"exact"`` (the regulariser's :math:`K_o` term costs O(N² m) time, O(N²)
+        memory) or ``"nystrom"`` (:math:`K_o\approx K_{ol}K_{ll}^{-1}K_{lo}`: O(N κ²) throughout).
+
+    >>> gp = SparseCorrelatedGP(heads=2, head_dim=4, num_inducing=3)
+    >>> q, k, xo, v = torch.randn(4, 3, 2, 5, 4).unbind(0)
+    >>> t = gp.terms(q, k, xo)
+    >>> gp.mean(t, v).shape, gp.predictive(t, v).cov_root.shape
+    (torch.Size([3, 2, 5, 4]), torch.Size([3, 2, 5, 3]))
+    """
+
+    def __init__(self, heads: int, head_dim: int, *, num_inducing: int = 16,
+                 num_inducing_keys: int | None = None, noise: float = 0.1,
+                 per_head_scales: bool = False, k_o: str = "exact") -> None:
+        super().__init__()
+        if not noise > 0:
+            raise ValueError(f"noise must be > 0 (the DTC noise sigma), got {noise}")
+        if k_o not in ("exact", "nystrom"):
+            raise ValueError(f"k_o must be 'exact' or 'nystrom', got {k_o!r}")
+        m = int(num_inducing)
+        l = int(num_inducing_keys) if num_inducing_keys is not None else m
+        if m < 1 or l < 1:
+            raise ValueError(f"inducing set sizes must be >= 1, got m={m}, l={l}")
+        self.heads, self.head_dim, self.noise, self.k_o = int(heads), int(head_dim), float(noise), k_o
+        self.kernel = CanonicalSEKernel()
+        # spread of projected tokens at the default projection init (E||x - x'||^2 = TARGET_SQ_DIST)
+        std = math.sqrt(TARGET_SQ_DIST / (2.0 * head_dim))
+        self.inducing_m = nn.Parameter(std * torch.randn(heads, m, head_dim))
+        self.inducing_l = nn.Parameter(std * torch.randn(heads, l, head_dim))
+        #: whether the inducing inputs were set from data (:meth:`init_inducing_`)
+        self.register_buffer("inducing_initialized", torch.tensor(False))
+        self._init_scales(self.heads, per_head_scales)
+
+    @torch.no_grad()
+    def init_inducing_(self, x_o: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None,
+                       generator: torch.Generator | None = None) -> None:
+        r"""Set :math:`s_m` to random real latent inputs :math:`x_o` and :math:`s_l` to random real
+        keys of a batch (``[B, H, N, D]``), plus 1% noise, and mark the sets initialised.
+
+        Data initialisation keeps the inducing inputs where the tokens are (METHODS §1.7: never
+        near the origin if the tokens are not); with them equal to the tokens the DTC mean is exact.
+        """
+        B, H, N, D = x_o.shape
+        real = (torch.ones(B, N, dtype=torch.bool, device=x_o.device) if mask is None
+                else mask).reshape(-1).nonzero().squeeze(-1)
+        for param, src in ((self.inducing_m, x_o), (self.inducing_l, k)):
+            flat = src.detach().transpose(0, 1).reshape(H, B * N, D)[:, real]
+            n_real, size = flat.shape[1], param.shape[1]
+            if n_real >= size:
+                idx = torch.randperm(n_real, generator=generator)[:size]
+            else:
+                idx = torch.randint(n_real, (size,), generator=generator)
+            pick = flat[:, idx.to(flat.device)]
+            spread = flat.std(1, keepdim=True).nan_to_num(1.0).clamp_min(1e-3)
+            noise = torch.randn(pick.shape, generator=generator).to(pick)
+            param.copy_((pick + 0.01 * spread * noise).to(param))
+        self.inducing_initialized.fill_(True)
+
+    def terms(self, q, k, x_o, mask=None, *, where: str = "") -> SCGPTerms:
+        """The lazily computed matrices of one call (``q, k, x_o: [B, H, N, D]``)."""
+        return SCGPTerms(q, k, x_o, self.inducing_m, self.inducing_l, scale_q=self.scale_q,
+                         scale_k=self.scale_k, noise=self.noise, mask=mask, where=where,
+                         kernel=self.kernel, k_o=self.k_o)
+
+    # -- predictive -------------------------------------------------------------------------
+    def mean(self, t: SCGPTerms, v: torch.Tensor) -> torch.Tensor:
+        r"""Posterior mean (eq. 33 with Z = V), right to left, ``[B, H, N, D]``."""
+        v = v.to(t.dtype)
+        a = linalg.cholesky_solve(t.K_kl.mT @ v, t.L_l)            # B~_l^-1 K_lk V   [l, D]
+        b = linalg.cholesky_solve(t.K_om.mT @ (t.K_ol @ a), t.L_m)  # B~_m^-1 K_mo K_ol a
+        return t.K_qm @ b
+
+    def attention_matrix(self, t: SCGPTerms) -> torch.Tensor:
+        r"""The attention matrix of eq. 35, :math:`\mathcal K = K_{qm}\tilde B_m^{-1}K_{mo}
+        K_{ol}\tilde B_l^{-1}K_{lk}`, ``[B, H, N, N]`` -- formed for analysis only (O(N²))."""
+        right = linalg.cholesky_solve(t.K_kl.mT, t.L_l)                # B~_l^-1 K_lk  [l, N]
+        left = linalg.cholesky_solve(t.K_om.mT @ t.K_ol, t.L_m)        # B~_m^-1 K_mo K_ol
+        return t.K_qm @ (left @ right)
+
+    def cov_root(self, t: SCGPTerms) -> torch.Tensor:
+        r"""R with :math:`\Sigma_\text{post} = \sigma^2 I + RR^\top`, ``[B, H, N, m]``:
+        :math:`R = \sigma\,K_{qm}\tilde B_m^{-1}\,\mathrm{chol}(M)`."""
+        A_qm = linalg.cholesky_solve(t.K_qm.mT, t.L_m).mT             # K_qm B~_m^-1  [N, m]
+        J_lm = linalg.triangular_solve(t.C_ml.mT, t.L_l)               # L_l^-1 K_lo K_om [l, m]
+        M = t.noise_var * t.K_mm + 2.0 * t.P_m + J_lm.mT @ J_lm
+        L_M = linalg.cholesky(linalg.symmetrise(M), where=t.where, head_axis=1)
+        return math.sqrt(t.noise_var) * (A_qm @ L_M)
+
+    def predictive(self, t: SCGPTerms, v: torch.Tensor, mean: torch.Tensor | None = None
+                   ) -> TokenNormal:
+        r""":math:`z_q\mid z_k\sim` :class:`TokenNormal` :math:`(\nu, \sigma^2I + RR^\top)`."""
+        nu = self.mean(t, v) if mean is None else mean
+        return TokenNormal(nu, cov_root=self.cov_root(t),
+                           noise_var=torch.tensor(t.noise_var, dtype=t.dtype, device=t.device))
+
+    # -- the sparse CGP regulariser -------------------------------------------------------------
+    def lower_bound(self, t: SCGPTerms, nu: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        r"""The sparse CGP objective (App. E, eqs. 68-72, corrected), summed over heads and
+        columns, ``[B]``.
+
+        Per column a, query side (the key side swaps :math:`(q, m, \nu_a)\to(k, l, v_a)` with
+        :math:`\tilde B'_l = \sigma^2K_{ll} + K_{lo}K_{ol}`):
+
+        .. math::
+            \mathbb E_{z_o}\mathbb E_{z_m\mid z_o}\log\mathcal N(\nu_a; K_{qm}K_{mm}^{-1}z_m, \sigma^2I)
+            = -\frac{1}{2\sigma^2}\Big[\lVert\nu_a\rVert^2
+              + \mathrm{tr}\big(\tilde B_m^{-1}S_m\tilde B_m^{-1}P_q\big)
+              + \sigma^2\,\mathrm{tr}\big(\tilde B_m^{-1}P_q\big)\Big] - \frac{n_b}{2}\log(2\pi\sigma^2),
+
+        :math:`P_q = K_{mq}K_{qm}`, :math:`S_m = K_{mo}K_oK_{om}` (or its Nyström form), a lower
+        bound on :math:`\log\mathbb E_{z_o}p(z_q = \nu_a\mid z_o)` with
+        :math:`z_o\sim\mathcal N(0, K_o)`. The traces are shared by the D columns. Cost
+        O(N κ² + κ³) plus O(N² m) for the exact :math:`S_m`.
+
+        :returns: ``[B]``, the bound (to be maximised; the unit reports its negative).
+        """
+        nu, v = nu.to(t.dtype), v.to(t.dtype)
+        if t.row is not None:
+            v = v * t.row
+        D, s2 = nu.shape[-1], t.noise_var
+        # query side, set m
+        P_q = t.K_qm.mT @ t.K_qm
+        E_q = linalg.cholesky_solve(P_q, t.L_m)
+        tr_q = _tr(linalg.cholesky_solve(t.nystrom(t.K_om) @ E_q, t.L_m)) + s2 * _tr(E_q)
+        # key side, set l (B~'_l uses the latent inputs)
+        L_lo = linalg.cholesky(linalg.symmetrise(s2 * t.K_ll + t.K_ol.mT @ t.K_ol), where=t.where, head_axis=1)
+        P_k = t.K_kl.mT @ t.K_kl
+        E_k = linalg.cholesky_solve(P_k, L_lo)
+        tr_k = _tr(linalg.cholesky_solve(t.nystrom(t.K_ol) @ E_k, L_lo)) + s2 * _tr(E_k)
+        sq = nu.square().sum((-1, -2)) + v.square().sum((-1, -2))
+        bound = -(sq + D * (tr_q + tr_k)) / (2 * s2) - D * t.n_b * math.log(2 * math.pi * s2)
+        return bound.sum(-1)

@@ -1,0 +1,52 @@
+"""The application: config -> data -> model -> fit -> evaluate, on top of the library.
+
+* :mod:`~gpattn_ppl.run.config` -- the experiment config, validated once;
+* :mod:`~gpattn_ppl.run.experiment` -- :class:`~gpattn_ppl.run.experiment.Trainer` (one run
+  into a run folder, exact resume) and :func:`~gpattn_ppl.run.experiment.evaluate_run`;
+* :mod:`~gpattn_ppl.run.evaluate` -- test and OOD metrics of a trained program;
+* :mod:`~gpattn_ppl.run.runtime` -- device, DDP, seeding, peak memory;
+* :mod:`~gpattn_ppl.run.compare` -- configs x seeds -> the mean ± std table;
+* :mod:`~gpattn_ppl.run.demo` -- every registered unit on the bundled CoLA data;
+* :mod:`~gpattn_ppl.run.benchmarking`, :mod:`~gpattn_ppl.run.plotting` -- timings and figures;
+* :mod:`~gpattn_ppl.run.cli` -- the ``gpattn-ppl`` command.
+
+Nothing below this package imports it. The names below are imported on first use, so
+``gpattn-ppl --help`` does not load the library.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: submodule -> the names it exports; they are imported from it on first use
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "benchmarking": ("bench_arg_parser", "bench_device", "bench_layers", "build_unit",
+                     "layer_inputs", "layer_step_time", "loglog_slope", "machine_info",
+                     "round_summary", "spec_step_time", "split_spec", "time_against_softmax",
+                     "time_fn", "train_step", "write_json"),
+    "cli": ("main",),
+    "compare": ("TABLE_COLUMNS", "ensemble_results", "format_markdown", "run_compare", "summarise",
+                "write_table"),
+    "config": ("Config", "ConfigError", "SCHEMA", "apply_overrides", "load_config",
+               "validate_config"),
+    "demo": ("DEMO_PRESETS", "demo_methods", "run_demo"),
+    "evaluate": ("evaluate_model",),
+    "experiment": ("Trainer", "VALIDATION_METRICS", "build_net", "evaluate_run", "load_bundle",
+                   "selection_metric"),
+    "plotting": ("metric_vs_severity_plot", "reliability_diagram", "risk_coverage_plot"),
+    "runtime": ("barrier", "init_distributed", "peak_memory_mb", "seed_everything",
+                "select_device"),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

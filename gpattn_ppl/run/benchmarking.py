@@ -1,0 +1,216 @@
+"""Timing utilities shared by ``gpattn-ppl bench`` and the scripts in ``benchmarks/``.
+
+Times are medians of repeated runs after warm-up (``torch.cuda.synchronize`` on GPU). Nothing
+here is asserted by tests; results are written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["time_fn", "split_spec", "build_unit", "layer_inputs", "train_step", "layer_step_time",
+           "spec_step_time", "time_against_softmax", "round_summary", "loglog_slope",
+           "machine_info", "write_json", "bench_layers", "bench_arg_parser", "bench_device"]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn, *, repeats: int = 20, warmup: int = 3, device: torch.device | str = "cpu"
+            ) -> dict[str, float]:
+    """Median / min / mean seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return {"median_s": statistics.median(times), "min_s": min(times),
+            "mean_s": statistics.fmean(times), "repeats": repeats}
+
+
+def split_spec(spec: dict) -> tuple[str, dict]:
+    """``{"kind": k, **options}`` -> ``(k, options)``, leaving ``spec`` unchanged."""
+    return spec["kind"], {k: v for k, v in spec.items() if k != "kind"}
+
+
+def build_unit(spec: dict, dim: int, heads: int, *, device: torch.device | str = "cpu"
+               ) -> torch.nn.Module:
+    """The attention unit described by ``spec = {"kind": ..., **options}``, on ``device``, in
+    train mode."""
+    from ..attention import build_attention
+
+    kind, options = split_spec(spec)
+    return build_attention(kind, dim, heads, **options).to(device).train()
+
+
+def layer_inputs(B: int, N: int, dim: int, *, device: torch.device | str = "cpu", seed: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x: [B, N, dim]`` (standard normal from a CPU generator seeded with ``seed``, requiring
+    grad) and a full ``[B, N]`` boolean mask, both on ``device``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, N, dim, generator=g).to(device).requires_grad_(True)
+    return x, torch.ones(B, N, dtype=torch.bool, device=device)
+
+
+def train_step(unit: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor):
+    """A closure running one benchmark step of ``unit``: ``unit(x, mask)`` ->
+    ``mean(out^2) + sum(objective terms)`` -> ``backward``, then the gradients are cleared."""
+
+    def step():
+        out = unit(x, mask)
+        loss = out.square().mean() + sum(v.sum() for v in unit.objective_terms().values())
+        loss.backward()
+        unit.zero_grad(set_to_none=True)
+        x.grad = None
+
+    return step
+
+
+def layer_step_time(unit: torch.nn.Module, B: int, N: int, *, repeats: int = 20, warmup: int = 3,
+                    device: torch.device | str = "cpu", seed: int = 0, timer=time_fn) -> dict:
+    """Forward + backward time of one attention unit on ``x: [B, N, C]`` with a full mask.
+
+    ``timer(fn, repeats=, warmup=, device=)`` measures the step (default :func:`time_fn`); its
+    result is returned.
+    """
+    device = torch.device(device)
+    unit = unit.to(device).train()
+    x, mask = layer_inputs(B, N, unit.dim, device=device, seed=seed)
+    return timer(train_step(unit, x, mask), repeats=repeats, warmup=warmup, device=device)
+
+
+def spec_step_time(spec: dict, B: int, N: int, dim: int, heads: int, *, repeats: int = 20,
+                   warmup: int = 3, device: torch.device | str = "cpu", seed: int = 0,
+                   timer=time_fn) -> dict:
+    """:func:`layer_step_time` of the unit built from ``spec`` after ``torch.manual_seed(seed)``;
+    the unit and its inputs are freed on return (useful for series over growing N)."""
+    torch.manual_seed(seed)
+    return layer_step_time(build_unit(spec, dim, heads), B, N, repeats=repeats, warmup=warmup,
+                           device=device, seed=seed, timer=timer)
+
+
+def time_against_softmax(specs: list[dict], *, B: int, N: int, dim: int, heads: int, rounds: int,
+                         repeats: int, warmup: int = 2, device: torch.device | str = "cpu",
+                         timer=time_fn, keys: tuple[str, ...] = ("median_s",)) -> list[dict]:
+    """Time softmax and each of ``specs`` in interleaved rounds; per-round ratios to softmax.
+
+    The units (softmax first, then ``specs``, built after ``torch.manual_seed(0)``) share one
+    input from :func:`layer_inputs`. Each of the ``rounds`` rounds times every unit in turn with
+    ``timer(step, repeats=repeats, warmup=warmup, device=device)`` on :func:`train_step`, so a
+    change of load on a shared machine hits all units alike; a unit's ratio in a round is its
+    time over softmax's time in that same round.
+
+    :param keys: entries of the timer's result to record (default: :func:`time_fn`'s median).
+    :returns: one row per unit, softmax first: ``{"kind", "options", "rounds": {key: [value per
+        round]}, "ratios": {key: [ratio to softmax per round]}}``; see :func:`round_summary`.
+    """
+    device = torch.device(device)
+    specs = [{"kind": "softmax"}] + list(specs)
+    x, mask = layer_inputs(B, N, dim, device=device)
+    torch.manual_seed(0)
+    steps = [train_step(build_unit(spec, dim, heads, device=device), x, mask) for spec in specs]
+    times = [{k: [] for k in keys} for _ in specs]
+    for _ in range(rounds):
+        for step, t in zip(steps, times):
+            r = timer(step, repeats=repeats, warmup=warmup, device=device)
+            for k in keys:
+                t[k].append(r[k])
+    rows = []
+    for spec, t in zip(specs, times):
+        kind, options = split_spec(spec)
+        rows.append({"kind": kind, "options": options, "rounds": t,
+                     "ratios": {k: [a / b for a, b in zip(t[k], times[0][k])] for k in keys}})
+    return rows
+
+
+def round_summary(row: dict, key: str = "median_s") -> dict:
+    """A row of :func:`time_against_softmax` as written to JSON: ``kind``, ``options``,
+    ``median_s`` (median over rounds of ``key``), ``round_medians_s`` (the per-round values) and
+    ``ratio_to_softmax`` (median over rounds of the per-round ratio)."""
+    return {"kind": row["kind"], "options": row["options"],
+            "median_s": statistics.median(row["rounds"][key]),
+            "round_medians_s": row["rounds"][key],
+            "ratio_to_softmax": statistics.median(row["ratios"][key])}
+
+
+def loglog_slope(ns: list[int], times: list[float]) -> float:
+    """Least-squares slope of log(time) against log(N)."""
+    lx = [math.log(n) for n in ns]
+    ly = [math.log(t) for t in times]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def machine_info() -> dict:
+    """What the numbers were measured on."""
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "machine": platform.machine(), "threads": torch.get_num_threads(),
+            "device": "cpu"}
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name()
+    return info
+
+
+def write_json(obj: dict, path: str | Path) -> Path:
+    """Write ``obj`` (plus machine info) as indented JSON; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    obj = {"machine": machine_info(), **obj}
+    path.write_text(json.dumps(obj, indent=1))
+    return path
+
+
+def bench_layers(kinds: list[dict], *, B: int = 32, N: int = 64, dim: int = 128, heads: int = 4,
+                 repeats: int = 20, device: str = "cpu") -> dict:
+    """Forward+backward time of each attention spec, and its ratio to softmax in the same run."""
+    base = spec_step_time({"kind": "softmax"}, B, N, dim, heads, repeats=repeats, device=device)
+    rows = []
+    for spec in kinds:
+        kind, options = split_spec(spec)
+        r = spec_step_time(spec, B, N, dim, heads, repeats=repeats, device=device)
+        rows.append({"kind": kind, "options": options, **r,
+                     "ratio_to_softmax": r["median_s"] / base["median_s"]})
+    return {"B": B, "N": N, "C": dim, "H": heads, "softmax": base, "layers": rows}
+
+
+def bench_arg_parser(description: str, *, rounds: int, repeats: int, out: str
+                     ) -> argparse.ArgumentParser:
+    """The options shared by the interleaved-rounds scripts in ``benchmarks/``: the layer setting
+    ``--B --N --C --H`` (default 32, 64, 128, 4), ``--rounds``, ``--repeats``, ``--device``,
+    ``--threads``, ``--smoke`` and ``--out``; a script adds its own options to the result."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--B", type=int, default=32)
+    p.add_argument("--N", type=int, default=64)
+    p.add_argument("--C", type=int, default=128)
+    p.add_argument("--H", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1 keeps timings stable on a shared machine)")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--out", default=out)
+    return p
+
+
+def bench_device(args: argparse.Namespace) -> torch.device:
+    """Apply ``--threads`` (when positive) and return the ``--device`` of
+    :func:`bench_arg_parser`'s arguments."""
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    return torch.device(args.device)

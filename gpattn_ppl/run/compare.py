@@ -1,0 +1,160 @@
+"""Multi-seed comparison of configurations: the mean ± std results table (Markdown and CSV)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+__all__ = ["TABLE_COLUMNS", "run_compare", "summarise", "format_markdown", "write_table",
+           "ensemble_results"]
+
+#: (column title, path into results.json, number format)
+TABLE_COLUMNS: list[tuple[str, tuple, str]] = [
+    ("MCC ID", ("test", "mcc"), "{:.3f}"),
+    ("MCC OOD", ("ood", "*", "classification", "mcc"), "{:.3f}"),
+    ("Acc ID", ("test", "acc"), "{:.3f}"),
+    ("NLL", ("test", "nll"), "{:.3f}"),
+    ("ECE", ("test", "ece"), "{:.3f}"),
+    ("MCE", ("test", "mce"), "{:.3f}"),
+    ("Brier", ("test", "brier"), "{:.3f}"),
+    ("AURC", ("test", "aurc"), "{:.3f}"),
+    ("OOD AUROC (MSP)", ("ood", "*", "detection", "max_softmax", "auroc"), "{:.3f}"),
+    ("s/epoch", ("cost", "sec_per_epoch"), "{:.2f}"),
+    ("peak MB", ("cost", "peak_mem_mb"), "{:.0f}"),
+    ("params", ("cost", "params"), "{:.0f}"),
+]
+
+
+def _get(results: dict, path: tuple):
+    node = results
+    for key in path:
+        if key == "*":  # first (only) OOD set
+            if not node:
+                return None
+            node = next(iter(node.values()))
+        elif isinstance(node, dict) and key in node:
+            node = node[key]
+        else:
+            return None
+    return node if isinstance(node, (int, float)) else None
+
+
+def summarise(runs: dict[str, list[dict]]) -> list[dict]:
+    """Per method: mean and sample std (ddof 1) of every table column over its runs."""
+    rows = []
+    for method, results in runs.items():
+        row = {"method": method, "runs": len(results)}
+        for title, path, _ in TABLE_COLUMNS:
+            vals = [v for v in (_get(r, path) for r in results) if v is not None]
+            row[title] = (statistics.fmean(vals) if vals else None,
+                          statistics.stdev(vals) if len(vals) > 1 else None)
+        rows.append(row)
+    return rows
+
+
+def format_markdown(rows: list[dict]) -> str:
+    """A Markdown table ``mean ± std`` (std omitted for single runs)."""
+    titles = [t for t, _, _ in TABLE_COLUMNS if any(r[t][0] is not None for r in rows)]
+    fmt = {t: f for t, _, f in TABLE_COLUMNS}
+    lines = ["| method | runs | " + " | ".join(titles) + " |",
+             "|---|---|" + "---|" * len(titles)]
+    for r in rows:
+        cells = []
+        for t in titles:
+            mean, std = r[t]
+            if mean is None:
+                cells.append("–")
+            else:
+                cells.append(fmt[t].format(mean) + ("" if std is None else " ± " + fmt[t].format(std)))
+        lines.append(f"| {r['method']} | {r['runs']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_table(rows: list[dict], out_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``results.md`` and ``results.csv`` (mean and std columns) into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / "results.md"
+    md.write_text(format_markdown(rows) + "\n")
+    path = out_dir / "results.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        titles = [t for t, _, _ in TABLE_COLUMNS]
+        w.writerow(["method", "runs"] + [f"{t} {s}" for t in titles for s in ("mean", "std")])
+        for r in rows:
+            w.writerow([r["method"], r["runs"]] + [v for t in titles for v in r[t]])
+    return md, path
+
+
+def ensemble_results(run_dirs: list[Path], cfg: dict) -> dict:
+    """Metrics of the deep ensemble of ``run_dirs``: their per-pass probabilities pooled (the
+    ensemble's predictive is the average over members and their MC passes)."""
+    from ..metrics import classification_report
+    from ..ood import ood_report
+
+    preds = [torch.load(Path(d) / "predictions.pt", weights_only=False) for d in run_dirs]
+    metrics = cfg["eval"]["metrics"]
+
+    def pool(name):
+        return (torch.cat([p[name]["probs"] for p in preds], 0),
+                torch.cat([p[name]["logits"] for p in preds], 0), preds[0][name]["labels"])
+
+    tp, tl, ty = pool("test")
+    out = {"test": classification_report(tp, ty, logits=tl, metrics=metrics), "ood": {}}
+    for name in preds[0]:
+        if name in ("test", "val"):
+            continue
+        op, ol, oy = pool(name)
+        out["ood"][name] = {"classification": classification_report(op, oy, logits=ol,
+                                                                    metrics=metrics),
+                            "detection": ood_report(tp, tl, op, ol,
+                                                    detectors=["max_softmax", "entropy"])}
+    return out
+
+
+def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str | Path, *,
+                overrides: list[str] | None = None, ensemble: int = 0,
+                names: list[str] | None = None, bundle_cache: bool = True,
+                progress: bool = True) -> list[dict]:
+    """Train every config with every seed into ``out_dir/<method>/seed<k>`` and tabulate.
+
+    Runs that already finished (``results.json`` present) are reused, interrupted ones resume.
+
+    :param ensemble: also report the deep ensemble of the first ``ensemble`` seeds per method.
+    :returns: the summary rows (also written as ``results.md`` / ``results.csv``).
+    """
+    from .config import load_config
+    from .experiment import Trainer, load_bundle
+
+    out_dir = Path(out_dir)
+    runs: dict[str, list[dict]] = {}
+    bundles: dict[str, object] = {}
+    for i, config in enumerate(configs):
+        method = names[i] if names else (Path(config).stem if not isinstance(config, dict)
+                                         else f"config{i}")
+        runs[method] = []
+        dirs = []
+        for seed in seeds:
+            run_dir = out_dir / method / f"seed{seed}"
+            dirs.append(run_dir)
+            ov = list(overrides or []) + [f"train.seed={seed}", f"train.progress={progress}"]
+            cfg = load_config(config, ov)
+            if (run_dir / "results.json").exists():
+                runs[method].append(json.loads((run_dir / "results.json").read_text()))
+                continue
+            key = json.dumps(cfg["data"], sort_keys=True)
+            if key not in bundles or not bundle_cache:
+                bundles = {key: load_bundle(cfg)}  # keep one bundle in memory at a time
+            res = Trainer(cfg, run_dir, bundle=bundles[key]).fit()
+            runs[method].append(res)
+        if ensemble and len(dirs) >= ensemble:
+            ens = ensemble_results(dirs[:ensemble], cfg)  # the seeds share the eval section
+            ens["cost"] = {"params": runs[method][0]["cost"]["params"] * ensemble}
+            runs[f"{method} (ensemble of {ensemble})"] = [ens]
+    rows = summarise(runs)
+    write_table(rows, out_dir)
+    return rows

@@ -1,0 +1,80 @@
+"""Test-session settings, read from the environment (the Pyro habit).
+
+* ``GPATTN_PPL_TEST_DTYPE``: ``float32`` or ``float64`` -- the default dtype of tensors created in
+  tests that do not choose one (default: torch's, float32);
+* ``GPATTN_PPL_TEST_DEVICE``: ``cpu`` (default) or ``cuda`` -- the default device;
+* ``GPATTN_PPL_TEST_SEED``: an integer (default 0) -- torch, Pyro, NumPy and ``random`` are seeded
+  with it before every test, so a failure reproduces alone.
+
+Pyro's argument validation and the library's (:class:`gpattn_ppl.settings.validate_args`) are
+on; warnings are errors (``pyproject.toml``). A malformed value stops the session with a message
+naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pyro
+import pytest
+import torch
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _env(name: str, default: str, allowed: tuple[str, ...] | None = None) -> str:
+    value = os.environ.get(name, default).strip()
+    if allowed is not None and value not in allowed:
+        raise pytest.UsageError(f"{name}={value!r}: allowed values are {', '.join(allowed)}")
+    return value
+
+
+DTYPE = _env("GPATTN_PPL_TEST_DTYPE", "", ("", "float32", "float64"))
+DEVICE = _env("GPATTN_PPL_TEST_DEVICE", "cpu", ("cpu", "cuda"))
+_seed = _env("GPATTN_PPL_TEST_SEED", "0")
+if not _seed.lstrip("-").isdigit():
+    raise pytest.UsageError(f"GPATTN_PPL_TEST_SEED={_seed!r}: expected an integer")
+SEED = int(_seed)
+
+
+def pytest_configure(config):
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("GPATTN_PPL_TEST_DEVICE=cuda but CUDA is not available")
+    if DTYPE:
+        torch.set_default_dtype(_DTYPES[DTYPE])
+    if DEVICE != "cpu":
+        torch.set_default_device(DEVICE)
+    pyro.enable_validation(True)
+
+
+def pytest_report_header(config):
+    return (f"gpattn_ppl tests: dtype={DTYPE or 'torch default'}, device={DEVICE}, "
+            f"seed={SEED}")
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_validate():
+    """Seed every RNG and clear Pyro's parameter store before each test."""
+    from gpattn_ppl import settings
+
+    random.seed(SEED)
+    np.random.seed(SEED)
+    torch.manual_seed(SEED)
+    pyro.set_rng_seed(SEED)
+    pyro.clear_param_store()
+    with settings.validate_args(True):
+        yield
+
+
+@pytest.fixture
+def dtype() -> torch.dtype:
+    """The session's test dtype (float64 unless ``GPATTN_PPL_TEST_DTYPE`` says otherwise)."""
+    return _DTYPES[DTYPE or "float64"]
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The session's test device."""
+    return torch.device(DEVICE)

@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from gpattn_ppl import linalg, settings
+
+
+def _spd(n=5, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(n, n, generator=g, dtype=dtype)
+    return A @ A.T + n * torch.eye(n, dtype=dtype)
+
+
+def test_cholesky_matches_torch_and_solves():
+    A = _spd()
+    L = linalg.cholesky(A)
+    torch.testing.assert_close(L @ L.T, A + settings.cholesky_jitter.value(torch.float64) * torch.eye(5, dtype=A.dtype))
+    b = torch.randn(5, 2, dtype=torch.float64)
+    torch.testing.assert_close(linalg.cholesky_solve(b, L), torch.linalg.solve(A, b), rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(L @ linalg.triangular_solve(b, L), b)
+    torch.testing.assert_close(L.T @ linalg.triangular_solve(b, L, transpose=True), b)
+
+
+def test_escalation_rescues_a_singular_psd_matrix():
+    v = torch.randn(6, 1, dtype=torch.float64)
+    A = v @ v.T  # rank 1: plain Cholesky fails at jitter 0
+    with settings.cholesky_jitter(float64=1e-14, max_tries=8):
+        L = linalg.cholesky(A)
+    assert torch.isfinite(L).all()
+
+
+def test_failure_names_module_head_and_eigenvalue():
+    A = torch.stack([_spd(), -torch.eye(5, dtype=torch.float64)])[None]  # [1, H=2, 5, 5]
+    with settings.cholesky_jitter(max_tries=2):
+        with pytest.raises(linalg.CholeskyError, match=r"blocks\.1\.attn, head 1.*smallest eigenvalue -1"):
+            linalg.cholesky(A, where="blocks.1.attn", head_axis=1)
+
+
+def test_nan_matrix_error_is_named():
+    A = torch.full((3, 3), float("nan"), dtype=torch.float64)
+    with pytest.raises(linalg.CholeskyError, match="blocks.0.attn"):
+        linalg.cholesky(A, where="blocks.0.attn")
+
+
+def test_shared_pieces_of_the_gp_heads():
+    """block_mask / mask_rows decouple pads; free_cholesky is lower with positive diagonal;
+    scaled_cholesky factors A + eps diag(d); symmetrise averages with the transpose."""
+    A = _spd(4)[None, None]                                   # [1, 1, 4, 4]
+    mask = torch.tensor([[True, False, True, True]])
+    Am = linalg.block_mask(A, mask)
+    torch.testing.assert_close(Am[0, 0, 1], torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=A.dtype))
+    torch.testing.assert_close(Am[0, 0][[0, 2, 3]][:, [0, 2, 3]], A[0, 0][[0, 2, 3]][:, [0, 2, 3]])
+    t = torch.ones(1, 2, 4, 3, dtype=A.dtype)
+    assert linalg.mask_rows(t, mask)[:, :, 1].abs().sum() == 0
+    raw = torch.randn(3, 3, dtype=A.dtype)
+    R = linalg.free_cholesky(raw)
+    assert torch.equal(R, R.tril()) and (R.diagonal() > 0).all()
+    torch.testing.assert_close(R.diagonal(), raw.diagonal().exp())
+    d = A[0, 0].diagonal()
+    L = linalg.scaled_cholesky(A, d[None, None], where="x", head_axis=1)
+    eps = settings.cholesky_jitter.value(A.dtype)
+    torch.testing.assert_close(L @ L.mT, A + eps * torch.diag_embed(d)[None, None])
+    B = torch.randn(3, 3, dtype=A.dtype)
+    torch.testing.assert_close(linalg.symmetrise(B), 0.5 * (B + B.T))
+
