@@ -13,7 +13,8 @@ Why this exists
 How to regenerate
     With the package and its docs extra installed (the versions the docs are built against)::
 
-        python docs/_inventories/make_inventories.py
+        python docs/_inventories/make_inventories.py            # all of them
+        python docs/_inventories/make_inventories.py torch pyro # some of them
 
     It rewrites ``python.inv``, ``torch.inv``, ``gpytorch.inv``, ``linear_operator.inv``,
     ``pyro.inv``, ``numpy.inv``, ``matplotlib.inv`` and ``torchmetrics.inv`` and prints how many
@@ -112,7 +113,7 @@ def role_of(obj) -> str | None:
         return "py:class"
     if isinstance(obj, typing._SpecialForm):  # typing.Union, typing.Optional, ...
         return "py:data"
-    if inspect.isroutine(obj) or isinstance(obj, Callable) and hasattr(obj, "__qualname__"):
+    if inspect.isroutine(obj) or (callable(obj) and hasattr(obj, "__qualname__")):
         return "py:function"
     return "py:data"
 
@@ -126,11 +127,15 @@ def member_role(value) -> str:
 
 
 def canonical(obj) -> str | None:
-    """``obj.__module__ + "." + obj.__qualname__`` -- the name autodoc writes for the object."""
+    """``obj.__module__ + "." + obj.__qualname__`` -- the name autodoc writes for the object
+    (``None`` for a local object or a builtin bound to a private class, such as torch's
+    ``_VariableFunctionsClass.zeros``)."""
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
-        return f"{module}.{qualname}"
-    return None
+    if not (isinstance(module, str) and isinstance(qualname, str)) or "<" in qualname:
+        return None
+    if any(part.startswith("_") for part in qualname.split(".")[:-1]):
+        return None
+    return f"{module}.{qualname}"
 
 
 def class_members(cls: type, inherited: bool = False) -> dict[str, str]:
@@ -167,8 +172,9 @@ def public(module_name: str, prefixes: tuple[str, ...] | None = None,
             continue
         if isinstance(obj, types.ModuleType):
             continue
-        if strict and prefixes is not None:
-            where = getattr(obj, "__module__", None) if not role_of(obj) == "py:data" else None
+        if strict and prefixes is not None and role_of(obj) != "py:data":
+            # without __all__, keep what is defined here, not what the module merely imports
+            where = getattr(obj, "__module__", None)
             if where is not None and not any(where == p or where.startswith(p + ".")
                                              for p in prefixes):
                 continue
@@ -182,7 +188,8 @@ def add_object(inv: Inventory, names: list[str], obj, uri: str,
     """Register ``obj`` under ``names`` (the documented name first, then aliases) and its
     canonical name, and a class's public members under each of them. ``member_uri`` maps the
     member's documented name (``<names[0]>.<member>``) to its URI; by default the member is an
-    anchor on the class's page."""
+    anchor on the class's page. An object walked twice (a re-export) must get the same
+    ``names[0]`` both times, or be skipped the second time."""
     role = role or role_of(obj)
     if role is None:
         return
@@ -409,8 +416,9 @@ def gpytorch_inventory() -> Inventory:
         if name == "Module":
             add_object(inv, [full], obj, f"module.html#{full}")
         elif name == "ExactMarginalLogLikelihood":  # re-export of gpytorch.mlls
-            add_object(inv, [full, f"gpytorch.mlls.{name}"], obj,
-                       f"marginal_log_likelihoods.html#gpytorch.mlls.{name}")
+            documented = f"gpytorch.mlls.{name}"
+            add_object(inv, [documented, full], obj,
+                       f"marginal_log_likelihoods.html#{documented}")
         elif callable(obj) and not isinstance(obj, type):
             add_object(inv, [full], obj, f"functions.html#{full}")
     for sub, page in GPYTORCH_PAGES.items():
@@ -469,6 +477,8 @@ def linear_operator_inventory() -> Inventory:
                "data_sparse_operators.html#module-linear_operator.operators")
     for name, obj in public("linear_operator.operators"):
         full = f"linear_operator.operators.{name}"
+        if name == "LinearOperator":  # registered above, documented as linear_operator.<name>
+            continue
         if isinstance(obj, type):
             add_object(inv, [full], obj, f"{linear_operator_page(obj)}#{full}")
         elif callable(obj):  # to_dense, to_linear_operator, cat: package functions
@@ -533,9 +543,10 @@ def pyro_inventory() -> Inventory:
             where = getattr(obj, "__module__", "") or ""
             page = next((p for m, p in PYRO_INFER_PAGES.items()
                          if where == m or where.startswith(m + ".")), "inference_algos.html")
-            if page == "infer.autoguide.html" or page == "mcmc.html" and \
-                    name in ("HMC", "NUTS") or where == "pyro.infer.util":
-                documented = public_name  # autoclass'd by their public name
+            if page == "infer.autoguide.html":  # autoclass'd by their public name
+                documented = f"pyro.infer.autoguide.{name}"
+            elif page == "mcmc.html" and name in ("HMC", "NUTS"):
+                documented = f"pyro.infer.mcmc.{name}"
             else:
                 documented = canonical(obj) or public_name
             add_object(inv, [documented, public_name], obj, f"{page}#{documented}")

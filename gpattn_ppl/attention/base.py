@@ -74,7 +74,7 @@ class AttentionUnit(nn.Module):
     """Base class of all multi-head attention units.
 
     :param dim: model width C.
-    :param heads: number of heads H; ``D = C / H`` (:attr:`head_dim`).
+    :param heads: number of heads H; ``D = C / H`` (``head_dim``).
     :param attn_dropout: dropout on the attention weights; only units that have weights take it
         (softmax, kernel, Gumbel): a GP unit refuses it as an unknown option.
     :param proj_dropout: dropout after the output projection W_O.

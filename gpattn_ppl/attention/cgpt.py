@@ -42,7 +42,7 @@ class _CorrelatedAttention(AttentionUnit):
     def _add_cgp_term(self, bound: torch.Tensor, mask: torch.Tensor | None, N: int,
                       dtype: torch.dtype) -> None:
         r"""Expose ``cgp_loss`` ``[B]`` = minus ``bound`` (summed over heads and columns), or with
-        ``cgp_reduction="mean"`` minus its average per entry, :math:`-	ext{bound} / (H D n_b)`
+        ``cgp_reduction="mean"`` minus its average per entry, :math:`-\text{bound} / (H D n_b)`
         (:math:`n_b` real tokens): the same maximiser per sequence, on the scale of one token's
         cross-entropy instead of :math:`H D n_b` times it."""
         if self.cgp_reduction == "mean":

@@ -151,6 +151,9 @@ class KEPSVGPAttention(AttentionUnit):
                              f"for seq_len={self.seq_len}, got N={N}")
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        r"""``[B, N, C] -> [B, N, C]``: the projections :math:`E, R` (exposing ``ksvd_loss``),
+        one draw of :math:`U` (:meth:`draw_u`), the branches :math:`F = P\Lambda^{-1}U`, their
+        ``merge`` into the head outputs, then :math:`W_O` and dropout."""
         B, N, _ = x.shape
         self._check_length(N)
         E, R = self.features(x, mask)                         # [B, H, N, s] in the GP dtype

@@ -40,12 +40,13 @@ class SCGPTAttention(_CorrelatedAttention):
     :param num_inducing_keys: l (default m).
     :param noise: the DTC noise σ (paper: 0.1 on images, 0.5 on CoLA).
     :param per_head_scales: one (σ_q, σ_k) per head instead of one shared pair.
-    :param latent: ``"free"`` or ``"key_offset"`` (see :class:`CGPTAttention`).
+    :param latent: ``"free"`` or ``"key_offset"`` (see
+        :class:`~gpattn_ppl.attention.CGPTAttention`).
     :param k_o: ``"exact"`` (regulariser's K_o term O(N² m)) or ``"nystrom"`` (all O(N κ²)).
     :param inducing_init: ``"data"`` or ``"random"``.
     :param cgp_loss: ``"jensen"`` (App. E bound, closed form) or ``"none"``.
     :param cgp_reduction: ``"sum"`` (paper) or ``"mean"`` (per entry), as for
-        :class:`CGPTAttention`.
+        :class:`~gpattn_ppl.attention.CGPTAttention`.
     :param proj_dropout: dropout after :math:`W_O`. SCGPT has no attention weights to drop, so
         it takes no ``attn_dropout``.
 

@@ -27,7 +27,7 @@ from .imdb import read_imdb
 from .load import TEXT_ENCODERS, DataBundle, load_data
 from .pretrained import MiniLMEncoder
 from .registry import DATASETS, DatasetSpec, RawData, register_dataset
-from .splits import cut, seeded_permutation
+from .splits import cut, official_split, pool, seeded_permutation
 from .tokenizer import WordTokenizer
 
 __all__ = [
@@ -50,6 +50,8 @@ __all__ = [
     "cut",
     "decode_jpeg_array",
     "load_data",
+    "official_split",
+    "pool",
     "read_cifar10",
     "read_cola",
     "read_cr",

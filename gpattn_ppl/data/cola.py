@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from .registry import RawData, register_dataset
-from .splits import cut, seeded_permutation
+from .splits import cut, official_split, pool, seeded_permutation
 
 __all__ = ["COLA_FILES", "bundled_cola_root", "read_cola"]
 
@@ -77,13 +77,9 @@ def _pooled_712(n: int, seed: int) -> dict[str, torch.Tensor]:
                   select_metric="mcc")
 def _build_cola(*, protocol: str, root, split_seed: int, cache_dir) -> RawData:
     files = read_cola(root)
-    (tr_x, tr_y), (dev_x, dev_y) = files["in_domain_train"], files["in_domain_dev"]
-    x, y = tr_x + dev_x, torch.cat([tr_y, dev_y])
-    n_tr, n = len(tr_x), len(tr_x) + len(dev_x)
+    x, y, n_tr, n = pool(files["in_domain_train"], files["in_domain_dev"])
     if protocol == "official":
-        n_val = round(0.1 * n_tr)
-        splits = cut(seeded_permutation(n_tr, split_seed), {"val": n_val, "train": n_tr - n_val})
-        splits["test"] = torch.arange(n_tr, n)
+        splits = official_split(n_tr, n, split_seed)
         note = "train/val = seeded 90/10 of in_domain_train; test = in_domain_dev"
     else:  # "712" (ours) and "sto" (sto-trans): 7:1:2 of the pooled in-domain sentences
         splits = _pooled_712(n, split_seed)

@@ -13,7 +13,7 @@ import torch
 
 from .cr import read_cr
 from .registry import RawData, register_dataset
-from .splits import cut, seeded_permutation
+from .splits import cut, official_split, pool, seeded_permutation
 
 __all__ = ["read_imdb"]
 
@@ -113,13 +113,9 @@ def _build_imdb(*, protocol: str, root, split_seed: int, cache_dir, cr_root=None
         raise ValueError("imdb needs root=PATH: a folder with imdb_{train,test}.jsonl.xz or "
                          "aclImdb/ (nothing is downloaded)")
     files = read_imdb(root)
-    (tr_x, tr_y), (te_x, te_y) = files["train"], files["test"]
-    x, y = tr_x + te_x, torch.cat([tr_y, te_y])
-    n_tr, n = len(tr_x), len(tr_x) + len(te_x)
+    x, y, n_tr, n = pool(files["train"], files["test"])
     if protocol == "official":
-        n_val = round(0.1 * n_tr)
-        splits = cut(seeded_permutation(n_tr, split_seed), {"val": n_val, "train": n_tr - n_val})
-        splits["test"] = torch.arange(n_tr, n)
+        splits = official_split(n_tr, n, split_seed)
         note = "train/val = seeded 90/10 of the official train; test = official test"
     else:  # KEP-SVGP: 35k/5k/10k of the merged 50k
         n_val, n_test = round(0.1 * n), round(0.2 * n)

@@ -49,7 +49,7 @@ class DataBundle:
     :ivar protocol: split protocol.
     :ivar info: split sizes, seeds, source folder, encoder and notes (JSON-able).
     :ivar select_metric: the validation metric the dataset declares for checkpoint selection
-        (:attr:`~gpattn_ppl.data.registry.DatasetSpec.select_metric`).
+        (``select_metric`` of :class:`~gpattn_ppl.data.DatasetSpec`).
     """
 
     train: ArrayDataset

@@ -26,7 +26,7 @@ class RawData:
     :ivar splits: ``"train"``, ``"val"``, ``"test"`` -> long indices into ``x`` (disjoint).
     :ivar ood: name -> ``(x, y)`` of an out-of-distribution set.
     :ivar num_classes: ``K``.
-    :ivar info: provenance notes merged into :attr:`DataBundle.info`.
+    :ivar info: provenance notes merged into ``info`` of :class:`~gpattn_ppl.data.DataBundle`.
     """
 
     x: list[str] | torch.Tensor
@@ -44,7 +44,8 @@ class DatasetSpec:
     :ivar builder: ``f(*, protocol, root, split_seed, cache_dir, **options) -> RawData``.
     :ivar protocols: allowed protocols, the first is the default.
     :ivar modality: ``"text"`` or ``"image"``.
-    :ivar options: extra keyword arguments of the builder accepted by :func:`load_data`.
+    :ivar options: extra keyword arguments of the builder accepted by
+        :func:`~gpattn_ppl.data.load_data`.
     :ivar encoder_defaults: defaults for the text encoder's options (e.g. ``max_vocab``).
     :ivar select_metric: the validation metric a run selects its best checkpoint on (a key of
         the validation report: ``acc``, ``mcc``, ``nll``, ``ece``, ``brier``).

@@ -21,10 +21,10 @@ class AttentionPredictive:
 
     Every unit's :meth:`~gpattn_ppl.attention.AttentionUnit.predictive` returns this type:
 
-    * :attr:`mean` ``[B, H, N, D]`` -- the posterior mean of the head outputs;
-    * :attr:`variance` ``[B, H, N, D]`` -- their marginal variances (exact, unclamped; 0 for
+    * ``mean`` ``[B, H, N, D]`` -- the posterior mean of the head outputs;
+    * ``variance`` ``[B, H, N, D]`` -- their marginal variances (exact, unclamped; 0 for
       deterministic units and on padded tokens where the unit decouples them);
-    * :attr:`mvn` -- where the unit has one, the joint over tokens per head and channel as a
+    * ``mvn`` -- where the unit has one, the joint over tokens per head and channel as a
       gpytorch :class:`~gpytorch.distributions.MultivariateNormal` with batch ``[B, H, D]`` and
       event ``N`` and a lazy (linear-operator) covariance; ``None`` for deterministic units.
 

@@ -29,10 +29,44 @@ class SharedScaleMVN(pdist.MultivariateNormal):
     torch.Size([5, 2, 3])
     """
 
+    def __init__(self, loc: torch.Tensor, scale_tril: torch.Tensor,
+                 validate_args: bool | None = None) -> None:
+        # torch's constructor broadcasts the shapes through its symbolic-shape path (tens of
+        # microseconds per call, on every training step); the same broadcast in plain Python
+        batch_shape = _broadcast(tuple(loc.shape[:-1]), tuple(scale_tril.shape[:-2]))
+        self.loc = loc.expand(batch_shape + loc.shape[-1:])
+        self._unbroadcasted_scale_tril = scale_tril
+        torch.distributions.Distribution.__init__(self, batch_shape, loc.shape[-1:],
+                                                  validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None) -> SharedScaleMVN:
+        """Broadcast to ``batch_shape``: the mean is expanded (a view), the factor is kept
+        unbroadcast, so draws of the expanded distribution never copy it."""
+        new = self._get_checked_instance(SharedScaleMVN, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.loc = self.loc.expand(batch_shape + self.event_shape)
+        new._unbroadcasted_scale_tril = self._unbroadcasted_scale_tril
+        torch.distributions.Distribution.__init__(new, batch_shape, self.event_shape,
+                                                  validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
     def rsample(self, sample_shape=torch.Size()) -> torch.Tensor:  # noqa: B008
         eps = torch.randn(self._extended_shape(sample_shape), dtype=self.loc.dtype,
                           device=self.loc.device)
         return self.loc + torch.einsum("...ij,...j->...i", self._unbroadcasted_scale_tril, eps)
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> torch.Size:
+    """NumPy broadcasting of two shapes (``ValueError`` when they do not broadcast)."""
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and x != 1 and y != 1:
+            raise ValueError(f"shapes {a} and {b} do not broadcast")
+        out.append(y if x == 1 else x)
+    return torch.Size(out)
 
 
 class StandardNormalMVN(pdist.MultivariateNormal):

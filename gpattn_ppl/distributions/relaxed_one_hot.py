@@ -164,7 +164,7 @@ class SafeRelaxedOneHotCategorical(TorchDistribution):
         r"""The sample at the modal Gumbel noise :math:`g = 0`: :math:`\mathrm{softmax}(\ell/\tau)`.
 
         Noise-free "location" of the distribution (not its mean); attention units return it in
-        :func:`~gpattn_ppl.attention.posterior_mean` mode.
+        :class:`~gpattn_ppl.settings.posterior_mean` mode.
         """
         t = self.temperature.unsqueeze(-1) if self.temperature.dim() > 0 else self.temperature
         return torch.softmax(self.logits / t, dim=-1)
@@ -203,6 +203,9 @@ class SafeRelaxedOneHotCategorical(TorchDistribution):
         return value
 
     def rsample(self, sample_shape=()) -> torch.Tensor:
+        """A reparameterised draw ``[*sample_shape, *batch, K]`` with fresh Gumbel noise (one-hot
+        in the forward pass with ``straight_through``); its log-space scores are cached on the
+        returned tensor for :meth:`log_prob`."""
         shape = self._extended_shape(torch.Size(sample_shape))
         g = sample_gumbel(shape, dtype=self.logits.dtype, device=self.logits.device)
         if self.temperature.requires_grad:
@@ -226,6 +229,8 @@ class SafeRelaxedOneHotCategorical(TorchDistribution):
         return value.clamp_min(tiny).log()
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        r"""The log density :math:`\log p(x)` of the class docstring, ``[*sample_shape, *batch]``,
+        with :math:`y` from :meth:`log_value` (exact for samples drawn by :meth:`rsample`)."""
         if self._validate_args:
             self._validate_sample(value)
         y = self.log_value(value)

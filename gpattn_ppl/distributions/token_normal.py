@@ -42,8 +42,9 @@ class TokenNormal(TorchDistribution):
     :param noise_var: :math:`s^2 > 0` (float or tensor broadcastable to the batch shape).
 
     The whitened inducing values of standard SGPA are a ``TokenNormal`` too (row covariance
-    :math:`RR^\top` shared by the D channels); the KL between two dense ``TokenNormal``s is
-    registered (:func:`_kl_token_normal`).
+    :math:`RR^\top` shared by the D channels). The KL between two dense ``TokenNormal``
+    distributions is registered with :func:`torch.distributions.kl.register_kl`, so
+    :func:`torch.distributions.kl.kl_divergence` computes it in closed form.
 
     >>> L = torch.eye(3).expand(2, 3, 3)
     >>> d = TokenNormal(torch.zeros(2, 3, 4), scale_tril=L)
@@ -114,6 +115,7 @@ class TokenNormal(TorchDistribution):
 
     # -- sampling and density -------------------------------------------------------------------
     def rsample(self, sample_shape=()) -> torch.Tensor:
+        """A reparameterised draw ``[*sample_shape, ..., N, D]`` (cost in the class docstring)."""
         shape = torch.Size(sample_shape) + self.loc.shape
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
         if self.scale_tril is not None:
@@ -124,6 +126,7 @@ class TokenNormal(TorchDistribution):
         return self.loc + self._nv().to(self.loc.dtype).sqrt() * eps + R @ eps2
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """Log density of ``value`` ``[..., N, D]``, summed over the event: shape ``[...]``."""
         if self._validate_args:
             self._validate_sample(value)
         N, D = self.loc.shape[-2:]
@@ -155,7 +158,8 @@ class TokenNormal(TorchDistribution):
 
 @register_kl(TokenNormal, TokenNormal)
 def _kl_token_normal(q: TokenNormal, p: TokenNormal) -> torch.Tensor:
-    r"""KL of two dense ``TokenNormal``s, summed over the D independent columns, ``[...]``:
+    r"""KL of two dense ``TokenNormal`` distributions, summed over the D independent columns,
+    ``[...]``:
 
     .. math::
         \tfrac12\big[D\,\lVert L_p^{-1}L_q\rVert_F^2 + \lVert L_p^{-1}(\mu_q - \mu_p)\rVert_F^2

@@ -13,7 +13,7 @@ class CorrelatedScales:
     r"""Mixin for a :class:`gpytorch.Module`: the query and key GPs are
     :math:`z_q = \sigma_q z_o(xW_q)` and :math:`z_k = \sigma_k z_o(xW_k)` (CGPT eqs. 13-16).
 
-    :meth:`_init_scales` registers ``raw_scale_q`` and ``raw_scale_k`` (``[H]`` per head or
+    ``_init_scales`` registers ``raw_scale_q`` and ``raw_scale_k`` (``[H]`` per head or
     ``[1]`` shared, initialised at :math:`\sigma = 1`) with :class:`~gpytorch.constraints.Positive`
     constraints; :attr:`scale_q` and :attr:`scale_k` are the constrained values.
     """

@@ -66,11 +66,15 @@ class CanonicalSEKernel(Kernel):
             x2 = x2.transpose(-1, -2).unsqueeze(-1)
         if diag:
             res = torch.exp(-0.5 * (x1 - x2).square().sum(-1))
-            return res.expand(torch.broadcast_shapes(self.batch_shape, res.shape[:-1])
-                              + res.shape[-1:])
-        res = torch.exp(self.log_forward(x1, x2))
+            event = res.shape[-1:]
+        else:
+            res = torch.exp(self.log_forward(x1, x2))
+            event = res.shape[-2:]
+        if not self.batch_shape:           # the attention units' case: no broadcast to do
+            return res
         # a kernel built with a batch_shape returns that batch for un-batched inputs (gpytorch)
-        return res.expand(torch.broadcast_shapes(self.batch_shape, res.shape[:-2]) + res.shape[-2:])
+        batch = torch.broadcast_shapes(self.batch_shape, res.shape[:len(res.shape) - len(event)])
+        return res.expand(batch + event)
 
 
 def canonical_projection_init_(weight: torch.Tensor, head_dim: int,

@@ -18,7 +18,7 @@ class ConfidenceCorrectMetric(Metric):
     """A Metric whose states are the per-sample top-label confidences and correctness flags.
 
     Both states are lists concatenated across batches and, under ``torch.distributed``, across
-    processes (``dist_reduce_fx="cat"``); a subclass's ``compute`` calls :meth:`_gathered` and
+    processes (``dist_reduce_fx="cat"``); a subclass's ``compute`` calls ``_gathered()`` and
     evaluates its metric once over the whole evaluation set.
     """
 

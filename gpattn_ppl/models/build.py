@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from .classifier import resolve_block_attention
-from .spec import ConfigError, validate_model_spec
+from .spec import ConfigError, read_yaml_mapping, validate_model_spec
 from .text import TextClassifier
 from .vit import ViTClassifier
 
@@ -17,13 +15,7 @@ __all__ = ["assemble_model", "build_model"]
 def _read_spec(spec: dict | str | Path) -> dict | None:
     """The model section of a YAML path, a whole config (``model`` key) or a model section."""
     if isinstance(spec, (str, Path)):
-        path = Path(spec)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
-        raw = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-        return raw.get("model")
+        return read_yaml_mapping(spec).get("model")
     if "model" in spec:
         return spec["model"]
     return spec

@@ -11,14 +11,31 @@ fills in defaults and checks every key path, type and attention option; errors a
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 __all__ = ["ConfigError", "MODEL_SCHEMA", "Option", "check_model", "check_section",
-           "validate_model_spec"]
+           "read_yaml_mapping", "validate_model_spec"]
 
 
 class ConfigError(ValueError):
     """An invalid configuration; the message names the key path."""
+
+
+def read_yaml_mapping(path: str | Path) -> dict:
+    """The top-level mapping of a YAML file (empty file: ``{}``).
+
+    :raises FileNotFoundError: no such file. :raises ConfigError: the top level is not a mapping.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return raw
 
 
 class Option:

@@ -9,26 +9,26 @@
 """
 
 from .objective import (
-           OBJECTIVE_WEIGHTS,
-           objective_schedules,
-           register_objective_term,
-           validate_objective,
+    OBJECTIVE_WEIGHTS,
+    objective_schedules,
+    register_objective_term,
+    validate_objective,
 )
 from .schedules import (
-           Schedule,
-           ScheduledAttributes,
-           apply_schedules,
-           build_schedule,
-           positive_float,
+    Schedule,
+    ScheduledAttributes,
+    apply_schedules,
+    build_schedule,
+    positive_float,
 )
 from .sites import (
-           MODES,
-           SiteContext,
-           current_mode,
-           current_site_context,
-           draw,
-           needs_site,
-           site_context,
+    MODES,
+    SiteContext,
+    current_mode,
+    current_site_context,
+    draw,
+    needs_site,
+    site_context,
 )
 
 __all__ = ["MODES", "OBJECTIVE_WEIGHTS", "Schedule", "ScheduledAttributes", "SiteContext",

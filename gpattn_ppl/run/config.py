@@ -19,7 +19,14 @@ from typing import Any
 
 import yaml
 
-from ..models.spec import MODEL_SCHEMA, ConfigError, Option, check_model, check_section
+from ..models.spec import (
+    MODEL_SCHEMA,
+    ConfigError,
+    Option,
+    check_model,
+    check_section,
+    read_yaml_mapping,
+)
 
 # ConfigError is defined in gpattn_ppl.models.spec and importable from here too
 __all__ = ["Config", "SCHEMA", "load_config", "validate_config", "apply_overrides"]
@@ -112,10 +119,5 @@ def load_config(source: str | Path | dict | None = None, overrides: list[str] | 
     elif isinstance(source, dict):
         raw = copy.deepcopy(dict(source))
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
-        raw = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
+        raw = read_yaml_mapping(source)
     return validate_config(apply_overrides(raw, overrides or []))

@@ -215,7 +215,7 @@ class Trainer:
 
 def selection_metric(cfg: dict, bundle) -> str:
     """``train.select_metric``; ``auto`` is the metric the dataset declares
-    (:attr:`~gpattn_ppl.data.DataBundle.select_metric`: MCC on CoLA, accuracy elsewhere).
+    (``select_metric`` of :class:`~gpattn_ppl.data.DataBundle`: MCC on CoLA, accuracy elsewhere).
 
     :raises ValueError: a metric the validation report does not compute.
     """

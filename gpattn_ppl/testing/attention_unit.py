@@ -1,7 +1,7 @@
 """Public test mixin every attention unit inherits (the gpytorch ``test/`` habit).
 
-Subclass :class:`AttentionUnitTestCase` in a pytest module and implement :meth:`make_unit`; the
-dozen inherited checks then run on the new unit:
+Subclass :class:`AttentionUnitTestCase` in a pytest module and implement
+:meth:`~AttentionUnitTestCase.make_unit`; the dozen inherited checks then run on the new unit:
 
 >>> class TestMyUnit(AttentionUnitTestCase):        # doctest: +SKIP
 ...     def make_unit(self, dim, heads):
@@ -245,9 +245,10 @@ class AttentionUnitTestCase:
                                    self._call(other, x, mask, seed=6, mean=False))
 
     def test_predictive_type_and_shapes(self):
-        """:meth:`predictive` returns an AttentionPredictive with mean and variance
-        ``[B, H, N, D]`` (variance >= 0) and, where there is one, a joint MVN with batch
-        ``[B, H, D]`` and event ``N``; its mean, through W_O, is the posterior-mean output."""
+        """:meth:`~gpattn_ppl.attention.AttentionUnit.predictive` returns an AttentionPredictive
+        with mean and variance ``[B, H, N, D]`` (variance >= 0) and, where there is one, a joint
+        MVN with batch ``[B, H, D]`` and event ``N``; its mean, through W_O, is the posterior-mean
+        output."""
         unit = self._unit()
         x, mask = self._inputs()
         try:

@@ -151,8 +151,12 @@ class SGPAStrategy(gpytorch.Module):
             R = R.to(dtype)
         if mask is None:
             return R.unsqueeze(0)
+        B, H = mask.shape[0], R.shape[0]
         rank = (mask.cumsum(-1) - 1).clamp_min(0)                        # [B, n] real-token rank
-        R = R[:, rank[:, :, None], rank[:, None, :]].transpose(0, 1)      # [B, H, n, n]
+        # R_b[i, j] = R[rank_i, rank_j]: one flat gather (its backward is a scatter into a
+        # [B, H, n*n] buffer plus a sum over B, several times faster than advanced indexing)
+        index = (rank[:, :, None] * n + rank[:, None, :]).view(B, 1, n * n).expand(B, H, n * n)
+        R = R.reshape(1, H, n * n).expand(B, H, n * n).gather(-1, index).view(B, H, n, n)
         return block_mask(R, mask)
 
     def prepare(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
