@@ -67,10 +67,16 @@ def main() -> None:
     p.add_argument("--N", type=int, default=64)
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--units", nargs="*", default=None, help="a subset of the units (default all)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     old, new = str(Path(args.old).resolve()), str(Path(args.new).resolve())
     units = specs(args.N)
+    if args.units:
+        unknown = sorted(set(args.units) - set(units))
+        if unknown:
+            p.error(f"unknown unit(s) {unknown}; known: {', '.join(units)}")
+        units = {k: units[k] for k in args.units}
     res = {"old": [], "new": []}
     for _ in range(args.rounds):
         for label, repo in (("old", old), ("new", new)):
