@@ -22,7 +22,7 @@ from ..distributions.token_normal import TokenNormal
 from ..kernels.canonical_se import CanonicalSEKernel
 from .scales import CorrelatedScales
 
-__all__ = ["CorrelatedGP", "CGPTerms"]
+__all__ = ["CorrelatedGP", "CGPTerms", "KernelTerms"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -39,7 +39,27 @@ def _masks(mask: torch.Tensor | None, dtype: torch.dtype):
     return pair, pad_eye, m.sum(-1, keepdim=True)
 
 
-class CGPTerms:
+class KernelTerms:
+    """Base of the per-call term objects: the kernel matrices of a call, masked.
+
+    Subclasses set ``kernel``, ``where`` and ``kernel_mask`` -- ``None`` or the 0/1 factor that
+    zeroes the padded rows (and columns) of every token-side kernel matrix, broadcastable
+    against it (``[B, 1, N, N]`` pairs for CGPT, ``[B, 1, N, 1]`` rows for SCGPT).
+    """
+
+    kernel: CanonicalSEKernel
+    where: str
+    kernel_mask: torch.Tensor | None
+
+    def _k(self, a, b, scale=None):
+        r""":math:`\sigma\,\kappa_o(a, b)` (``scale`` = σ or ``None``), pads zeroed."""
+        K = self.kernel.forward(a, b)
+        if scale is not None:
+            K = scale * K
+        return K if self.kernel_mask is None else K * self.kernel_mask
+
+
+class CGPTerms(KernelTerms):
     r"""The kernel matrices and factors of one CGP call, each computed on first use.
 
     Padding uses the block trick (METHODS §0): every kernel matrix has its padded rows and
@@ -63,18 +83,13 @@ class CGPTerms:
         self.mask, self.where = mask, where
         self.kernel = kernel if kernel is not None else CanonicalSEKernel()
         self.pair, self.pad_eye, self.n_b = _masks(mask, dtype)
+        self.kernel_mask = self.pair
         N = q.shape[-2]
         self.eye = torch.eye(N, dtype=dtype, device=q.device)
         if self.n_b is None:
             self.n_b = torch.full((q.shape[0], 1), float(N), dtype=dtype, device=q.device)
 
     # -- kernels ----------------------------------------------------------------------------
-    def _k(self, a, b, scale=None):
-        K = self.kernel.forward(a, b)
-        if scale is not None:
-            K = scale * K
-        return K if self.pair is None else K * self.pair
-
     def _chol(self, A):
         return linalg.cholesky(linalg.symmetrise(A) + self.pad_eye, where=self.where, head_axis=1)
 

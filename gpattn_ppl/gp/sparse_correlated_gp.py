@@ -22,6 +22,7 @@ from torch import nn
 from .. import linalg, settings
 from ..distributions.token_normal import TokenNormal
 from ..kernels.canonical_se import TARGET_SQ_DIST, CanonicalSEKernel
+from .correlated_gp import KernelTerms
 from .scales import CorrelatedScales
 
 __all__ = ["SparseCorrelatedGP", "SCGPTerms"]
@@ -32,7 +33,7 @@ def _tr(A: torch.Tensor) -> torch.Tensor:
     return A.diagonal(dim1=-2, dim2=-1).sum(-1)
 
 
-class SCGPTerms:
+class SCGPTerms(KernelTerms):
     r"""The matrices and factors of one SCGP call, each computed on first use.
 
     Token-side matrices are ``[B, H, N, m]`` / ``[B, H, N, l]`` with padded rows zeroed, so pads
@@ -67,12 +68,7 @@ class SCGPTerms:
             m = mask.to(dtype)
             self.row = m[:, None, :, None]
             self.n_b = m.sum(-1, keepdim=True)
-
-    def _k(self, a, b, scale=None):
-        K = self.kernel.forward(a, b)
-        if scale is not None:
-            K = scale * K
-        return K if self.row is None else K * self.row
+        self.kernel_mask = self.row
 
     def _chol(self, A):
         return linalg.cholesky(linalg.symmetrise(A), where=self.where, head_axis=1)
