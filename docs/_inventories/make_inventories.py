@@ -214,6 +214,18 @@ def add_module(inv: Inventory, name: str, uri: str) -> None:
     inv.add(name, "py:module", uri)
 
 
+def add_objects(inv: Inventory, module: str, uri: Callable[[str], str], *,
+                prefixes: tuple[str, ...] | None = None, role: Callable[[str], str | None] | None = None,
+                skip_private: bool = False) -> None:
+    """Every public object of ``module`` under its public name ``<module>.<name>``, at
+    ``uri(full name)`` (``role(full name)`` overrides the role where it returns one)."""
+    for name, obj in public(module, prefixes=prefixes):
+        if skip_private and name.startswith("_"):
+            continue
+        full = f"{module}.{name}"
+        add_object(inv, [full], obj, uri(full), role=role(full) if role else None)
+
+
 # -- Python ---------------------------------------------------------------------------------------
 
 PYTHON_MODULES = [
@@ -266,10 +278,8 @@ def python_inventory() -> Inventory:
     for module in PYTHON_MODULES:
         page = PYTHON_PAGES.get(module, f"library/{module}.html")
         add_module(inv, module, f"{page}#module-{module}")
-        for name, obj in public(module, prefixes=(module, *PYTHON_IMPL_PREFIXES)):
-            full = f"{module}.{name}"
-            role = "py:class" if full in PYTHON_CLASSES else None
-            add_object(inv, [full], obj, f"{page}#{full}", role=role)
+        add_objects(inv, module, f"{page}#{{}}".format, prefixes=(module, *PYTHON_IMPL_PREFIXES),
+                    role=lambda full: "py:class" if full in PYTHON_CLASSES else None)
     return inv
 
 
@@ -375,23 +385,16 @@ def torch_inventory() -> Inventory:
         else:
             add_object(inv, [full], obj, gen(full, full))
     add_module(inv, "torch.optim.lr_scheduler", "optim.html#module-torch.optim.lr_scheduler")
-    for name, obj in public("torch.optim.lr_scheduler"):
-        full = f"torch.optim.lr_scheduler.{name}"
-        add_object(inv, [full], obj, gen(full, full))
+    add_objects(inv, "torch.optim.lr_scheduler", lambda full: gen(full, full))
 
     # torch.utils.data: one page
     add_module(inv, "torch.utils.data", "data.html#module-torch.utils.data")
-    for name, obj in public("torch.utils.data"):
-        if name.startswith("_"):
-            continue
-        full = f"torch.utils.data.{name}"
-        add_object(inv, [full], obj, f"data.html#{full}")
+    add_objects(inv, "torch.utils.data", "data.html#{}".format, skip_private=True)
 
     # torch.linalg: generated pages
     add_module(inv, "torch.linalg", "linalg.html#module-torch.linalg")
-    for name, obj in public("torch.linalg", prefixes=("torch.linalg", "torch._C._linalg")):
-        full = f"torch.linalg.{name}"
-        add_object(inv, [full], obj, gen(full, full))
+    add_objects(inv, "torch.linalg", lambda full: gen(full, full),
+                prefixes=("torch.linalg", "torch._C._linalg"))
     return inv
 
 
@@ -424,9 +427,7 @@ def gpytorch_inventory() -> Inventory:
     for sub, page in GPYTORCH_PAGES.items():
         module = f"gpytorch.{sub}"
         add_module(inv, module, f"{page}#module-{module}")
-        for name, obj in public(module, prefixes=("gpytorch",)):
-            full = f"{module}.{name}"
-            add_object(inv, [full], obj, f"{page}#{full}")
+        add_objects(inv, module, f"{page}#{{}}".format, prefixes=("gpytorch",))
     return inv
 
 
@@ -528,9 +529,7 @@ def pyro_inventory() -> Inventory:
                    "pyro.distributions.transforms"):
         if module != "pyro.distributions":
             add_module(inv, module, f"distributions.html#module-{module}")
-        for name, obj in public(module):
-            full = f"{module}.{name}"
-            add_object(inv, [full], obj, f"distributions.html#{full}")
+        add_objects(inv, module, "distributions.html#{}".format)
 
     # pyro.infer: each documented under its defining module, on its topic page
     add_module(inv, "pyro.infer", "inference.html#module-pyro.infer")
@@ -562,17 +561,11 @@ def pyro_inventory() -> Inventory:
     for module in ("pyro.poutine.runtime", "pyro.poutine.util", "pyro.poutine.messenger",
                    "pyro.poutine.trace_messenger", "pyro.poutine.plate_messenger"):
         add_module(inv, module, f"poutine.html#module-{module}")
-        for name, obj in public(module, prefixes=(module,)):
-            full = f"{module}.{name}"
-            add_object(inv, [full], obj, f"poutine.html#{full}")
+        add_objects(inv, module, "poutine.html#{}".format, prefixes=(module,))
 
     # pyro.optim: the "Pyro Optimizers" automodule documents them as pyro.optim.<name>
     add_module(inv, "pyro.optim", "optimization.html#module-pyro.optim")
-    for name, obj in public("pyro.optim"):
-        if name.startswith("_"):
-            continue
-        full = f"pyro.optim.{name}"
-        add_object(inv, [full], obj, f"optimization.html#{full}")
+    add_objects(inv, "pyro.optim", "optimization.html#{}".format, skip_private=True)
 
     # pyro.nn: documented under the defining module
     add_module(inv, "pyro.nn", "nn.html#module-pyro.nn")

@@ -195,7 +195,7 @@ class KEPSVGPAttention(AttentionUnit):
         self._check_length(x.shape[1])
         E, R = self.features(x, mask)
         with gp_precision(x.device.type):
-            m, L, _ = self.strategy._q_params(E.dtype)                # [H,s,s], [H,s,s,s]
+            m, L, _ = self.strategy.q_params(E.dtype)                # [H,s,s], [H,s,s,s]
             mean, root = 0.0, 0.0
             for G, W in self._output_maps(E, R):
                 W = W.to(E.dtype)

@@ -160,8 +160,8 @@ class SGPAttention(AttentionUnit):
 
     def _standard(self, state):
         strat = self.strategy
-        u_w = self.sample("u", lambda: strat.variational_distribution(state),
-                          lambda: strat.prior_distribution(strat.variational_distribution(state)),
+        q_u = strat.variational_distribution(state)                    # views, no algebra
+        u_w = self.sample("u", q_u, lambda: strat.prior_distribution(q_u),
                           local=True, kl=lambda: strat.kl_divergence(state),
                           mean=lambda: state.q_mu)                      # [B, H, N, D]
         return strat.propagate(state, u_w)

@@ -77,6 +77,6 @@ class AttentionPredictive:
         else:
             r = tn.cov_root.shape[-1]
             R = tn.cov_root.unsqueeze(-3).expand(shape + (r,))
-            nv = tn._nv()[..., 0].expand(shape)
+            nv = tn.noise_var.reshape(tn.noise_var.shape + (1, 1)).expand(shape)
             cov = SumLinearOperator(RootLinearOperator(R), DiagLinearOperator(nv))
         return cls(tn.loc, tn.variance, MultivariateNormal(tn.loc.mT, cov))

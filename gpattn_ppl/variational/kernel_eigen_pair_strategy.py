@@ -119,7 +119,7 @@ class KernelEigenPairStrategy(gpytorch.Module):
         return SharedScaleMVN(self.q_u.variational_mean, scale_tril=L * sign.unsqueeze(-2),
                               validate_args=False)
 
-    def _q_params(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def q_params(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(m [H, s, s], L [H, s, s, s] lower, Lambda [H, s])`` in ``dtype``."""
         L = self.q_u.chol_variational_covar.tril()
         return (self.q_u.variational_mean.to(dtype), L.to(dtype), self.features.lambda_.to(dtype))
@@ -134,7 +134,7 @@ class KernelEigenPairStrategy(gpytorch.Module):
         :returns: MVN with batch ``[B, H, s]`` (d) and event ``N``; covariance a rank-s lazy
             :class:`~linear_operator.operators.LowRankRootLinearOperator`.
         """
-        m, L, lam = self._q_params(P.dtype)
+        m, L, lam = self.q_params(P.dtype)
         Pt = P * lam.reciprocal()[:, None, :]                                  # P Λ^{-1}
         mean = torch.einsum("bhni,hdi->bhdn", Pt, m)
         B, H, N, s = Pt.shape
@@ -175,7 +175,7 @@ class KernelEigenPairStrategy(gpytorch.Module):
         in O(s³) per head with the diagonal prior; equal to gpytorch's generic KL and to
         ``torch.distributions.kl_divergence`` (tested). Sum it for eq. 21's per-head sum over d.
         """
-        m, L, lam = self._q_params(self.features.lambda_.dtype)
+        m, L, lam = self.q_params(self.features.lambda_.dtype)
         inv_lam2 = lam.square().reciprocal()                                  # [H, s]
         trace = (L.square() * inv_lam2[:, None, :, None]).sum((-2, -1))        # Σ_ij L_ij²/λ_i²
         maha = (m.square() * inv_lam2[:, None, :]).sum(-1)

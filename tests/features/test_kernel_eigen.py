@@ -4,57 +4,39 @@ import pytest
 import torch
 
 from gpattn_ppl.features import KernelEigenFeatures
-from tests.reference.kep_svgp import exact_ksvd, ksvd_objective_reference
+from tests.reference.kep_svgp import (
+    ksvd_objective_reference,
+    low_rank_feature_maps,
+    set_exact_ksvd,
+)
 
 H, P_DIM, N, S = 2, 6, 7, 3
 
 
-class _Holder:
-    """The features behind the same ``strat.features`` access the moved tests use."""
-
-    def __init__(self, features):
-        self.features, self.rank = features, features.rank
-
-
-def _strategy(heads=H, head_dim=P_DIM, s=S, seed=0, feature_map="linear"):
+def _features(heads=H, head_dim=P_DIM, s=S, seed=0, feature_map="linear"):
     torch.manual_seed(seed)
-    return _Holder(KernelEigenFeatures(heads * head_dim, heads, s, feature_map=feature_map).double())
+    return KernelEigenFeatures(heads * head_dim, heads, s, feature_map=feature_map).double()
 
 
-def _low_rank_features(rank, seed=2, n=N):
-    """``Phi_q, Phi_k: [H, n, p]`` with ``K_att = Phi_q Phi_k^T`` of exactly ``rank``."""
-    g = torch.Generator().manual_seed(seed)
-    A = torch.randn(H, n, rank, generator=g, dtype=torch.float64)
-    Bq = torch.randn(H, rank, P_DIM, generator=g, dtype=torch.float64)
-    Ck = torch.randn(H, n, P_DIM, generator=g, dtype=torch.float64)
-    return A @ Bq, Ck
-
-
-def _set_exact_ksvd(strat, phi_q, phi_k):
-    svd = exact_ksvd(phi_q, phi_k, strat.rank)
-    with torch.no_grad():
-        strat.features.W_e.copy_(svd["W_e"])
-        strat.features.W_r.copy_(svd["W_r"])
-    strat.features.lambda_ = svd["lam"]
-    return svd
+def _low_rank_features(rank):
+    return low_rank_feature_maps(rank, H, P_DIM, N)
 
 
 def test_projections_are_scaled_singular_vectors_at_exact_ksvd():
-    strat = _strategy()
+    feats = _features()
     phi_q, phi_k = _low_rank_features(S)
-    svd = _set_exact_ksvd(strat, phi_q, phi_k)
-    E, R = strat.features.project(phi_q[None], phi_k[None])
+    svd = set_exact_ksvd(feats, phi_q, phi_k)
+    E, R = feats.project(phi_q[None], phi_k[None])
     lam = svd["lam"][:, None, :]
     torch.testing.assert_close(E[0], svd["H_e"] * lam, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(R[0], svd["H_r"] * lam, rtol=1e-9, atol=1e-10)
 
 
 def test_ksvd_zero_at_exact_svd_and_positive_away():
-    strat = _strategy()
+    feats = _features()
     phi_q, phi_k = _low_rank_features(P_DIM)                                 # fixed asymmetric K
-    svd = _set_exact_ksvd(strat, phi_q, phi_k)
+    svd = set_exact_ksvd(feats, phi_q, phi_k)
     assert (svd["K"] - svd["K"].mT).abs().max() > 1.0                         # really asymmetric
-    feats = strat.features
     E, R = feats.project(phi_q[None], phi_k[None])
     J = feats.ksvd_objective(E, R)
     torch.testing.assert_close(J, torch.zeros_like(J), rtol=0, atol=1e-9)
@@ -71,8 +53,7 @@ def test_ksvd_zero_at_exact_svd_and_positive_away():
 
 
 def test_ksvd_sums_over_real_tokens_only():
-    strat = _strategy(feature_map="cosine")
-    feats = strat.features
+    feats = _features(feature_map="cosine")
     g = torch.Generator().manual_seed(7)
     x = torch.randn(2, N, H * P_DIM, generator=g, dtype=torch.float64)
     mask = torch.ones(2, N, dtype=torch.bool)
@@ -91,7 +72,7 @@ def test_ksvd_sums_over_real_tokens_only():
 
 
 def test_cosine_feature_map_is_unit_norm_and_zero_safe():
-    feats = _strategy(feature_map="cosine").features
+    feats = _features(feature_map="cosine")
     x = torch.randn(2, N, H * P_DIM, dtype=torch.float64)
     x[1, 2] = 0.0
     phi_q, phi_k = feats.feature_maps(x)
@@ -102,7 +83,7 @@ def test_cosine_feature_map_is_unit_norm_and_zero_safe():
 
 @pytest.mark.parametrize("feature_map", ["cosine", "linear"])
 def test_fused_forward_equals_explicit_feature_maps_and_projection(feature_map):
-    feats = _strategy(feature_map=feature_map).features
+    feats = _features(feature_map=feature_map)
     x = torch.randn(3, N, H * P_DIM, dtype=torch.float64)
     x[1, 2] = 0.0                                                            # a zero (pad-like) row
     mask = torch.ones(3, N, dtype=torch.bool)

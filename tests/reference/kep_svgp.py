@@ -89,3 +89,23 @@ def kep_add_forward_reference(x, mask, qk_weight, W_e, W_r, lam, u, W_add, W_out
         heads.append(F @ W_add[h])
     O = torch.cat(heads, -1)
     return O @ W_out.T + b_out
+
+
+def low_rank_feature_maps(rank, heads, p_dim, n, seed=2):
+    """``Phi_q, Phi_k: [heads, n, p_dim]`` with ``K_att = Phi_q Phi_k^T`` of exactly ``rank``."""
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(heads, n, rank, generator=g, dtype=torch.float64)
+    Bq = torch.randn(heads, rank, p_dim, generator=g, dtype=torch.float64)
+    Ck = torch.randn(heads, n, p_dim, generator=g, dtype=torch.float64)
+    return A @ Bq, Ck
+
+
+def set_exact_ksvd(features, phi_q, phi_k):
+    """Put a :class:`~gpattn_ppl.features.KernelEigenFeatures` at the exact KSVD of
+    ``Phi_q Phi_k^T`` (its ``W_e``, ``W_r`` and Lambda); returns :func:`exact_ksvd`'s dict."""
+    svd = exact_ksvd(phi_q, phi_k, features.rank)
+    with torch.no_grad():
+        features.W_e.copy_(svd["W_e"])
+        features.W_r.copy_(svd["W_r"])
+    features.lambda_ = svd["lam"]
+    return svd

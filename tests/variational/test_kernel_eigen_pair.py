@@ -15,8 +15,9 @@ from gpattn_ppl.features import KernelEigenFeatures
 from gpattn_ppl.variational import KernelEigenPairStrategy
 from tests.reference.kep_svgp import (
     dense_svgp_posterior,
-    exact_ksvd,
     kl_reference,
+    low_rank_feature_maps,
+    set_exact_ksvd,
 )
 
 H, P_DIM, N, S = 2, 6, 7, 3
@@ -43,22 +44,8 @@ def _randomise_q(strat, seed=1, negative_diag=False):
         q.chol_variational_covar.copy_(L)
 
 
-def _low_rank_features(rank, seed=2, n=N):
-    """``Phi_q, Phi_k: [H, n, p]`` with ``K_att = Phi_q Phi_k^T`` of exactly ``rank``."""
-    g = torch.Generator().manual_seed(seed)
-    A = torch.randn(H, n, rank, generator=g, dtype=torch.float64)
-    Bq = torch.randn(H, rank, P_DIM, generator=g, dtype=torch.float64)
-    Ck = torch.randn(H, n, P_DIM, generator=g, dtype=torch.float64)
-    return A @ Bq, Ck
-
-
-def _set_exact_ksvd(strat, phi_q, phi_k):
-    svd = exact_ksvd(phi_q, phi_k, strat.rank)
-    with torch.no_grad():
-        strat.features.W_e.copy_(svd["W_e"])
-        strat.features.W_r.copy_(svd["W_r"])
-    strat.features.lambda_ = svd["lam"]
-    return svd
+def _low_rank_features(rank):
+    return low_rank_feature_maps(rank, H, P_DIM, N)
 
 
 def _dense_cov(dist):
@@ -78,7 +65,7 @@ def test_posterior_pair_equals_dense_conditioning_of_rank_s_joint_prior():
     strat = _strategy()
     _randomise_q(strat)
     phi_q, phi_k = _low_rank_features(S)
-    svd = _set_exact_ksvd(strat, phi_q, phi_k)
+    svd = set_exact_ksvd(strat.features, phi_q, phi_k)
     E, R = strat.features.project(phi_q[None], phi_k[None])
     q_e, q_r = strat(E, R)
     K, lam2 = svd["K"], svd["lam"].square()
@@ -96,7 +83,7 @@ def test_remark_3_1_dropped_residual_beyond_rank_s():
     strat = _strategy()
     _randomise_q(strat)
     phi_q, phi_k = _low_rank_features(P_DIM)                                 # rank 6 > s = 3
-    svd = _set_exact_ksvd(strat, phi_q, phi_k)
+    svd = set_exact_ksvd(strat.features, phi_q, phi_k)
     E, _ = strat.features.project(phi_q[None], phi_k[None])
     q_e = strat.posterior(E)
     K, lam2 = svd["K"], svd["lam"].square()
