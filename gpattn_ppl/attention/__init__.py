@@ -6,12 +6,19 @@ from .gumbel import GumbelAttention
 from .h_gumbel import HierarchicalGumbelAttention
 from .kep_svgp import KEPSVGPAttention
 from .kernel import KernelAttention
-from .registry import ATTENTION, attention_options, build_attention, register_attention
+from .registry import (
+    ATTENTION,
+    attention_option_types,
+    attention_options,
+    build_attention,
+    register_attention,
+)
 from .scgpt import SCGPTAttention
 from .sgpa import SGPAttention
 from .softmax import SoftmaxAttention
 
 __all__ = ["ATTENTION", "AttentionUnit", "CGPTAttention", "SCGPTAttention", "GumbelAttention",
            "HierarchicalGumbelAttention", "KEPSVGPAttention", "KernelAttention", "MCDropout",
-           "SGPAttention", "SoftmaxAttention", "attention_options", "build_attention",
+           "SGPAttention", "SoftmaxAttention", "attention_option_types", "attention_options",
+           "build_attention",
            "check_attention_inputs", "register_attention"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -159,8 +161,10 @@ class CGPTAttention(_CorrelatedAttention):
     """
 
     def __init__(self, dim: int, heads: int, *, noise: float = 1e-2, per_head_scales: bool = False,
-                 latent: str = "free", cgp_loss: str = "jensen", cgp_samples: int = 1,
-                 cgp_reduction: str = "sum", cgp_observation_noise: bool = False,
+                 latent: Literal["free", "key_offset"] = "free",
+                 cgp_loss: Literal["jensen", "marginal", "mc", "none"] = "jensen",
+                 cgp_samples: int = 1,
+                 cgp_reduction: Literal["sum", "mean"] = "sum", cgp_observation_noise: bool = False,
                  proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, proj_dropout=proj_dropout)
         if cgp_loss not in CorrelatedGP.LOSSES:

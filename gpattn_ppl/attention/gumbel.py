@@ -2,6 +2,8 @@ r"""sto-trans: Gumbel-softmax (relaxed one-hot) attention, and the temperature-s
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -82,7 +84,8 @@ class GumbelAttention(ScheduledAttributes, AttentionUnit):
     _scheduled_attrs = ("temperature",)
 
     def __init__(self, dim: int, heads: int, *, temperature: float = 1.0,
-                 temperature_schedule=None, prior: str = "same",
+                 temperature_schedule: float | dict | None = None,
+                 prior: Literal["same", "uniform"] = "same",
                  prior_temperature: float | None = None, straight_through: bool = False,
                  attn_dropout: float = 0.0, proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)

@@ -3,6 +3,7 @@ r"""h-sto-trans: hierarchical Gumbel-softmax attention through learnable key cen
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import nn
@@ -77,10 +78,12 @@ class HierarchicalGumbelAttention(GumbelAttention):
     _scheduled_attrs = ("temperature", "centroid_temperature")
 
     def __init__(self, dim: int, heads: int, *, temperature: float = 1.0,
-                 centroid_temperature: float = 1.0, temperature_schedule=None,
-                 centroid_temperature_schedule=None, num_centroids: int = 16,
-                 centroids_per_head: bool = False, centroid_init: str = "normal",
-                 prior: str = "same", prior_temperature: float | None = None,
+                 centroid_temperature: float = 1.0,
+                 temperature_schedule: float | dict | None = None,
+                 centroid_temperature_schedule: float | dict | None = None, num_centroids: int = 16,
+                 centroids_per_head: bool = False,
+                 centroid_init: Literal["normal", "kmeans"] = "normal",
+                 prior: Literal["same", "uniform"] = "same", prior_temperature: float | None = None,
                  centroid_prior_temperature: float | None = None,
                  straight_through: bool = False, attn_dropout: float = 0.0,
                  proj_dropout: float = 0.0) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import nn
@@ -88,9 +89,11 @@ class KEPSVGPAttention(AttentionUnit):
 
     stochastic = True
 
-    def __init__(self, dim: int, heads: int, *, rank: int = 5, merge: str = "add",
-                 feature_map: str = "cosine", u_draws: str = "sequence",
-                 seq_len: int | None = None, token_mixing: str = "dense",
+    def __init__(self, dim: int, heads: int, *, rank: int = 5,
+                 merge: Literal["add", "concat", "concat_features"] = "add",
+                 feature_map: Literal["cosine", "linear"] = "cosine",
+                 u_draws: Literal["sequence", "batch"] = "sequence",
+                 seq_len: int | None = None, token_mixing: Literal["dense", "low_rank"] = "dense",
                  proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, proj_dropout=proj_dropout)
         if merge not in MERGES:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import nn
 
@@ -39,7 +41,8 @@ class KernelAttention(AttentionUnit):
     Cost O(N² D) time and O(N²) memory per (b, h).
     """
 
-    def __init__(self, dim: int, heads: int, *, kernel: str = "exponential",
+    def __init__(self, dim: int, heads: int, *,
+                 kernel: Literal["exponential", "rbf", "canonical"] = "exponential",
                  symmetric: bool = False, normalize: bool = True, attn_dropout: float = 0.0,
                  proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from ..gp.sparse_correlated_gp import SparseCorrelatedGP
@@ -62,9 +64,11 @@ class SCGPTAttention(_CorrelatedAttention):
 
     def __init__(self, dim: int, heads: int, *, num_inducing: int = 16,
                  num_inducing_keys: int | None = None, noise: float = 0.1,
-                 per_head_scales: bool = False, latent: str = "free", k_o: str = "exact",
-                 inducing_init: str = "data", cgp_loss: str = "jensen",
-                 cgp_reduction: str = "sum", proj_dropout: float = 0.0) -> None:
+                 per_head_scales: bool = False, latent: Literal["free", "key_offset"] = "free",
+                 k_o: Literal["exact", "nystrom"] = "exact",
+                 inducing_init: Literal["data", "random"] = "data",
+                 cgp_loss: Literal["jensen", "none"] = "jensen",
+                 cgp_reduction: Literal["sum", "mean"] = "sum", proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, proj_dropout=proj_dropout)
         if cgp_loss not in self.LOSSES:
             raise ValueError(f"cgp_loss must be one of {', '.join(self.LOSSES)}, got {cgp_loss!r}")

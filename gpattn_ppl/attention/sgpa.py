@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import nn
@@ -104,8 +105,10 @@ class SGPAttention(AttentionUnit):
 
     stochastic = True
 
-    def __init__(self, dim: int, heads: int, *, variant: str = "decoupled", num_inducing: int = 16,
-                 kernel: str = "exponential", cov: str = "full", max_len: int = 128,
+    def __init__(self, dim: int, heads: int, *,
+                 variant: Literal["standard", "decoupled"] = "decoupled", num_inducing: int = 16,
+                 kernel: Literal["exponential", "rbf", "canonical"] = "exponential",
+                 cov: Literal["full", "diag"] = "full", max_len: int = 128,
                  outputscale_init: float = math.exp(-4.0), proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, proj_dropout=proj_dropout)
         if variant not in ("standard", "decoupled"):

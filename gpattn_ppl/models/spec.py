@@ -1,7 +1,8 @@
 """The model spec: its schema, the schema machinery, and validation against the attention registry.
 
 A model spec is the ``model`` section of an experiment config (DESIGN §4). :func:`validate_model_spec`
-fills in defaults and checks every key path, type and attention option; errors are
+fills in defaults and checks every key path, type and attention option (each option's value
+against the type annotation of its unit's constructor, :func:`check_value`); errors are
 :class:`ConfigError` naming the key path and the allowed values.
 
 >>> validate_model_spec({"depth": 1})["attention"]
@@ -11,12 +12,15 @@ fills in defaults and checks every key path, type and attention option; errors a
 from __future__ import annotations
 
 import copy
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union
 
 import yaml
 
-__all__ = ["ConfigError", "MODEL_SCHEMA", "Option", "check_model", "check_section",
+__all__ = ["ConfigError", "MODEL_SCHEMA", "Option", "check_model", "check_section", "check_value",
            "read_yaml_mapping", "validate_model_spec"]
 
 
@@ -104,8 +108,164 @@ def check_section(value: Any, schema: dict, path: str) -> dict:
     return out
 
 
-def _check_attention(spec: Any, where: str) -> None:
+# -- values against type annotations -------------------------------------------------------------
+
+_SEQUENCES = (list, tuple, Sequence, typing.Sequence)  # typing.X are aliases: for get_origin
+_MAPPINGS = (dict, Mapping, typing.Mapping)
+_UNIONS = (Union, types.UnionType)
+
+
+class _Mismatch(Exception):
+    """``value`` does not match an annotation (internal; :func:`check_value` words the message)."""
+
+
+def _got(value: Any) -> str:
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _choices(values) -> str:
+    return ", ".join("None" if v is None else str(v) for v in values)
+
+
+def _describe(ann: Any) -> str:
+    """A reader's name of annotation ``ann`` (``"int"``, ``"float or None"``, ``"a list of int"``)."""
+    if ann is None or ann is type(None):
+        return "None"
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin is Literal:
+        return "one of " + _choices(args)
+    if origin in _UNIONS:
+        return " or ".join(_describe(a) for a in args)
+    if origin is typing.Annotated:
+        return _describe(args[0])
+    if origin in _SEQUENCES or ann in _SEQUENCES:
+        items = [a for a in args if a is not Ellipsis]
+        return "a list" + (f" of {' / '.join(_describe(a) for a in dict.fromkeys(items))}"
+                           if items else "")
+    if origin in _MAPPINGS or ann in _MAPPINGS:
+        return "a mapping"
+    return getattr(ann, "__name__", str(ann))
+
+
+def _match(value: Any, ann: Any, where: str, coerce: bool) -> Any:
+    """``value`` checked against ``ann`` (possibly converted: a numeric string for a float); raises
+    :class:`_Mismatch` for this value, :class:`ConfigError` for an element of a container."""
+    if ann is Any or ann is object:
+        return value
+    if ann is None or ann is type(None):
+        if value is None:
+            return value
+        raise _Mismatch
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin is typing.Annotated:
+        return _match(value, args[0], where, coerce)
+    if origin is Literal:
+        # 1 == True == 1.0: compare the type too, so that True is not taken for 1
+        if any(value == a and type(value) is type(a) for a in args):
+            return value
+        raise _Mismatch
+    if origin in _UNIONS:
+        inner = None  # the first error inside a container member, the most telling message
+        for attempt in ((False, True) if coerce else (False,)):  # an exact member first
+            for member in args:
+                try:
+                    return _match(value, member, where, attempt)
+                except _Mismatch:
+                    pass
+                except ConfigError as err:
+                    inner = inner or err
+        if inner is not None:
+            raise inner
+        raise _Mismatch
+    if ann is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if ann is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch
+    if ann is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value  # YAML gives 1 for 1.0: the constructors take int where float is expected
+        if coerce and isinstance(value, str):
+            try:  # YAML 1.1 reads "1e-3" (no dot) as a string
+                return float(value)
+            except ValueError:
+                pass
+        raise _Mismatch
+    if ann is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch
+    if origin in _SEQUENCES or ann in _SEQUENCES:
+        if not isinstance(value, (list, tuple)):  # not str, though str is a Sequence
+            raise _Mismatch
+        if not args:
+            return value
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}")
+            items = args
+        else:
+            items = (args[0],) * len(value)
+        return type(value)(check_value(v, a, f"{where}[{i}]")
+                           for i, (v, a) in enumerate(zip(value, items)))
+    if origin in _MAPPINGS or ann in _MAPPINGS:
+        if not isinstance(value, dict):
+            raise _Mismatch
+        if len(args) != 2:
+            return value
+        return {check_value(k, args[0], f"{where} (key {k!r})"): check_value(v, args[1], f"{where}.{k}")
+                for k, v in value.items()}
+    return value  # a class, Callable, a torch type, ...: the constructor remains the judge
+
+
+def check_value(value: Any, annotation: Any, where: str) -> Any:
+    """``value`` checked against type ``annotation`` (as resolved by :func:`typing.get_type_hints`);
+    returns it, a numeric string given for a float converted (YAML 1.1 reads ``1e-3`` as a string).
+
+    Understood: ``int`` (``bool`` is not one), ``float`` (an ``int`` is one, as YAML writes ``1``
+    for ``1.0``), ``bool``, ``str``, ``None``, ``Optional`` / ``X | None`` and other unions,
+    ``Literal[...]`` (the message lists the allowed values), ``list`` / ``tuple`` / ``Sequence``
+    ``[...]`` (YAML gives a list; a tuple is taken too; items checked as ``where[i]``), ``dict`` /
+    ``Mapping[K, V]``, ``Annotated[X, ...]``. Anything else (``Any``, a class, ``Callable``, a
+    torch type) accepts every value: the constructor remains the judge.
+
+    :param where: the key path, which starts every message (``"model.attention.num_inducing"``).
+    :raises ConfigError: ``"<where>: expected int, got str 'abc'"``, or for a ``Literal``
+        (``Literal[...] | None``) ``"<where>: 'foo' is not allowed; allowed: a, b"``.
+
+    >>> check_value(1, float, "x"), check_value("1e-3", float | None, "x")
+    (1, 0.001)
+    >>> check_value(True, int, "model.attention.rank")
+    Traceback (most recent call last):
+    ...
+    gpattn_ppl.models.spec.ConfigError: model.attention.rank: expected int, got bool True
+    """
+    try:
+        return _match(value, annotation, where, coerce=True)
+    except _Mismatch:
+        pass
+    members = (typing.get_args(annotation) if typing.get_origin(annotation) in _UNIONS
+               else (annotation,))
+    literals = [a for a in members if typing.get_origin(a) is Literal]
+    if literals and all(typing.get_origin(a) is Literal or a is type(None) for a in members):
+        allowed = [v for lit in literals for v in typing.get_args(lit)]
+        if type(None) in members:
+            allowed.append(None)
+        raise ConfigError(f"{where}: {value!r} is not allowed; allowed: {_choices(allowed)}")
+    raise ConfigError(f"{where}: expected {_describe(annotation)}, got {_got(value)}")
+
+
+def _check_attention(spec: Any, where: str) -> dict:
+    """The attention spec at ``where`` checked (kind, option names, option values against the
+    unit's annotations); returns a copy with the values :func:`check_value` converted."""
     from ..attention import ATTENTION, attention_options
+    from ..attention.registry import attention_option_types
 
     if not isinstance(spec, dict) or "kind" not in spec:
         raise ConfigError(f"{where}: expected a mapping with a 'kind' key "
@@ -119,25 +279,35 @@ def _check_attention(spec: Any, where: str) -> None:
         if key != "kind" and key not in allowed:
             raise ConfigError(f"{where}.{key}: unknown option for attention kind {kind!r}; "
                               f"allowed: {', '.join(sorted(allowed))}")
+    hints = attention_option_types(kind)
+    return {key: value if key == "kind" else check_value(value, hints[key], f"{where}.{key}")
+            for key, value in spec.items()}
 
 
 def check_model(model: dict) -> None:
     """The rules across keys of a model section whose keys and types are already checked:
-    attention kinds and options (from the registry), per-block overrides, ``dim % heads``."""
-    _check_attention(model["attention"], "model.attention")
+    attention kinds, options and option values (from the registry and the units' annotations),
+    per-block overrides, ``dim % heads``.
+
+    ``model["attention"]`` and ``model["overrides"]`` are replaced by checked copies (a numeric
+    string given for a float option converted, see :func:`check_value`); the specs they were
+    copied from are left as they were."""
+    model["attention"] = _check_attention(model["attention"], "model.attention")
     if not isinstance(model["overrides"], list):
         raise ConfigError("model.overrides: expected a list")
+    model["overrides"] = [dict(ov) if isinstance(ov, dict) else ov for ov in model["overrides"]]
     for i, ov in enumerate(model["overrides"]):
         where = f"model.overrides[{i}]"
         if not isinstance(ov, dict) or set(ov) != {"blocks", "attention"}:
             raise ConfigError(f"{where}: expected a mapping with exactly the keys blocks, attention")
-        if not isinstance(ov["blocks"], list) or not all(isinstance(b, int) for b in ov["blocks"]):
+        if not isinstance(ov["blocks"], list) or not all(
+                isinstance(b, int) and not isinstance(b, bool) for b in ov["blocks"]):
             raise ConfigError(f"{where}.blocks: expected a list of block indices (ints)")
         for b in ov["blocks"]:
             if not -model["depth"] <= b < model["depth"]:
                 raise ConfigError(f"{where}.blocks: index {b} out of range for depth "
                                   f"{model['depth']} (allowed {-model['depth']}..{model['depth'] - 1})")
-        _check_attention(ov["attention"], f"{where}.attention")
+        ov["attention"] = _check_attention(ov["attention"], f"{where}.attention")
     if model["dim"] % model["heads"]:
         raise ConfigError(f"model.dim ({model['dim']}) must be a multiple of model.heads "
                           f"({model['heads']})")
