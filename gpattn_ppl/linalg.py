@@ -108,7 +108,7 @@ def block_mask(A: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     .. math:: \tilde A = A \odot (m m^\top) + \mathrm{diag}(1 - m)
 
     Padded tokens then decouple from real ones in any factorisation, solve or determinant, and
-    the real block equals the computation on the unpadded sequence (METHODS §0).
+    the real block equals the computation on the unpadded sequence.
     """
     if mask is None:
         return A

@@ -51,8 +51,8 @@ class KEPSVGPAttention(AttentionUnit):
 
     **Sites and terms.** The inducing values are the latent ``<site_prefix>.u`` (global: q(u)
     and p(u) do not depend on the input), drawn through
-    :meth:`~gpattn_ppl.attention.AttentionUnit.sample`. ``u_draws="sequence"`` (default, METHODS
-    §3.2) draws an independent :math:`U` per sequence -- an unbiased, lower-variance estimate of
+    :meth:`~gpattn_ppl.attention.AttentionUnit.sample`. ``u_draws="sequence"`` (default)
+    draws an independent :math:`U` per sequence -- an unbiased, lower-variance estimate of
     the same ELBO -- with the global KL (eq. 21) counted once, in thin and sites mode alike
     (:func:`gpattn_ppl.ppl.draw`, ``per_sequence``); ``u_draws="batch"`` draws one :math:`U`
     shared by the minibatch. Inside :class:`~gpattn_ppl.settings.posterior_mean`, :math:`U = M`

@@ -52,7 +52,7 @@ class KernelAttention(AttentionUnit):
         self.n_proj = 2 if symmetric else 3
         self.proj = nn.Linear(dim, self.n_proj * dim, bias=False)
         self.kernel = make_attention_kernel(kernel, heads, self.head_dim)
-        if kernel == "canonical":  # no lengthscale: start with informative distances (METHODS §1.2)
+        if kernel == "canonical":  # no lengthscale: start with informative distances
             canonical_projection_init_(self.proj.weight[: (self.n_proj - 1) * dim], self.head_dim)
         self.out = nn.Linear(dim, dim)
 

@@ -42,7 +42,7 @@ def attention_option_types(kind: str) -> dict[str, Any]:
 
     The annotations of ``__init__`` are evaluated in the unit's module (the modules use
     ``from __future__ import annotations``, so they are strings until then). An option without an
-    annotation, or one whose annotation cannot be evaluated, maps to :data:`typing.Any`: every
+    annotation, or one whose annotation cannot be evaluated, maps to ``typing.Any``: every
     value passes the config check and the constructor remains the judge.
     """
     if kind not in ATTENTION:

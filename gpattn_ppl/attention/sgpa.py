@@ -27,7 +27,7 @@ class SGPAttention(AttentionUnit):
     head h and channel c = 1..D an independent GP with kernel
     :math:`\sigma_f^2\kappa` (``kernel``: exponential scaled dot product or ARD RBF, per head).
 
-    * ``variant="standard"`` [ours, METHODS §1.3] (:class:`~gpattn_ppl.variational.SGPAStrategy`):
+    * ``variant="standard"`` [ours] (:class:`~gpattn_ppl.variational.SGPAStrategy`):
       the keys are the inducing inputs, :math:`u_c = f_c(q)`, whitened
       :math:`q(u_{w,c}) = \mathcal N(L^\top v_c, R R^\top)` with :math:`LL^\top = K + \epsilon\,\mathrm{diag}(K)`,
       so that
@@ -37,7 +37,7 @@ class SGPAttention(AttentionUnit):
           \mathrm{Cov} f_c = L R R^\top L^\top,
 
       the mean being unnormalised symmetric kernel attention. KL local (per sequence).
-    * ``variant="decoupled"`` [paper KEP §4.1, ref; METHODS §1.4]
+    * ``variant="decoupled"`` [paper KEP §4.1, ref]
       (:class:`~gpattn_ppl.variational.DecoupledSGPAStrategy`): the tokens (amortised, weights
       :math:`v_c`) plus M global inducing keys per head, projected by that head's own rows of
       :math:`W_{qk}`:
@@ -63,7 +63,7 @@ class SGPAttention(AttentionUnit):
     :meth:`~gpattn_ppl.attention.AttentionUnit.sample`: standard -- local, a
     :class:`~gpattn_ppl.distributions.TokenNormal` with batch ``[B, H]``, event ``(N, D)``;
     decoupled -- global, batch ``[H, D]``, event ``M``, drawn independently per sequence with its
-    KL counted once (METHODS §3.2), and the conditional part of the function sample,
+    KL counted once, and the conditional part of the function sample,
     :math:`\xi \sim \mathcal N(0, K_{qq} - A^\top A)`, the local latent ``<prefix>.xi`` (its
     prior is itself: KL 0), so thin and sites mode draw the same numbers. Objective terms: ``kl`` ``[B]`` (standard KL; decoupled γ
     part) and, decoupled only, ``kl_global`` (0-d, β part, placed outside the data plate; sites
@@ -78,7 +78,8 @@ class SGPAttention(AttentionUnit):
     **Numerics.** GP algebra in :class:`~gpattn_ppl.settings.gp_dtype` with autocast off; every
     factorisation through :func:`gpattn_ppl.linalg.cholesky` (bounded jitter escalation, then a
     :class:`~gpattn_ppl.linalg.CholeskyError` naming ``site_prefix``, the matrix and the head).
-    Pads: block trick (METHODS §0), so pad keys have no influence and contribute no KL.
+    Pads: block trick (:func:`~gpattn_ppl.linalg.block_mask`), so pad keys have no influence and
+    contribute no KL.
 
     :param dim: C. :param heads: H.
     :param variant: ``"standard"`` or ``"decoupled"`` (default).

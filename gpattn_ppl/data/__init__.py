@@ -1,8 +1,10 @@
 """Datasets, splits and input encoders; start with :func:`load_data`.
 
 Each reader module (:mod:`~gpattn_ppl.data.cola`, :mod:`~gpattn_ppl.data.imdb`,
-:mod:`~gpattn_ppl.data.cifar`) registers its dataset on import with
-:func:`~gpattn_ppl.data.registry.register_dataset`, as the attention units do.
+:mod:`~gpattn_ppl.data.cifar`, and for your own files :mod:`~gpattn_ppl.data.tabular`
+(``csv``, ``jsonl``) and :mod:`~gpattn_ppl.data.image_folder`) registers its dataset on import
+with :func:`~gpattn_ppl.data.registry.register_dataset`, as the attention units do. New inputs
+are encoded like a bundle's splits by :func:`encoder_from_state` of ``bundle.encoder_state``.
 
 >>> from gpattn_ppl.data import load_data
 >>> bundle = load_data("cola", protocol="official")
@@ -20,14 +22,31 @@ from .cifar import (
     decode_jpeg_array,
     read_cifar10,
 )
-from .cola import COLA_FILES, bundled_cola_root, read_cola
+from .cola import COLA_CLASSES, COLA_FILES, bundled_cola_root, read_cola
 from .cr import read_cr
 from .dataset import ArrayDataset
-from .imdb import read_imdb
-from .load import TEXT_ENCODERS, DataBundle, load_data
+from .encoders import (
+    ENCODER_KINDS,
+    ImageEncoder,
+    InputEncoder,
+    LearnedTextEncoder,
+    MiniLMTextEncoder,
+    encoder_from_state,
+)
+from .image_folder import IMAGE_EXTENSIONS, read_image, read_image_folder, read_images
+from .imdb import IMDB_CLASSES, read_imdb
+from .load import TEXT_ENCODERS, DataBundle, data_fingerprint, load_data
 from .pretrained import MiniLMEncoder
 from .registry import DATASETS, DatasetSpec, RawData, register_dataset
-from .splits import cut, official_split, pool, seeded_permutation
+from .splits import (
+    cut,
+    official_split,
+    pool,
+    seeded_permutation,
+    stratified_split,
+    stratified_subset,
+)
+from .tabular import read_labelled_texts, resolve_path
 from .tokenizer import WordTokenizer
 
 __all__ = [
@@ -36,11 +55,19 @@ __all__ = [
     "CIFAR10_CLASSES",
     "CIFAR10_MEAN",
     "CIFAR10_STD",
+    "COLA_CLASSES",
     "COLA_FILES",
     "DATASETS",
     "DataBundle",
     "DatasetSpec",
+    "ENCODER_KINDS",
+    "IMAGE_EXTENSIONS",
+    "IMDB_CLASSES",
+    "ImageEncoder",
+    "InputEncoder",
+    "LearnedTextEncoder",
     "MiniLMEncoder",
+    "MiniLMTextEncoder",
     "Normalize",
     "RawData",
     "TEXT_ENCODERS",
@@ -48,14 +75,23 @@ __all__ = [
     "augment",
     "bundled_cola_root",
     "cut",
+    "data_fingerprint",
     "decode_jpeg_array",
+    "encoder_from_state",
     "load_data",
     "official_split",
     "pool",
     "read_cifar10",
     "read_cola",
     "read_cr",
+    "read_image",
+    "read_image_folder",
+    "read_images",
     "read_imdb",
+    "read_labelled_texts",
     "register_dataset",
+    "resolve_path",
     "seeded_permutation",
+    "stratified_split",
+    "stratified_subset",
 ]

@@ -151,7 +151,8 @@ def _build_cifar10(*, protocol: str, root, split_seed: int, cache_dir) -> RawDat
     splits["test"] = torch.arange(n_tr, n)
     return RawData(torch.cat([tr_x, te_x]), torch.cat([tr_y, te_y]), splits, {}, 10,
                    {"source": str(Path(root)),
-                    "split": "train/val = seeded 90/10 of the official train; test = official"})
+                    "split": "train/val = seeded 90/10 of the official train; test = official"},
+                   classes=list(CIFAR10_CLASSES), image_stats=(CIFAR10_MEAN, CIFAR10_STD))
 
 
 # -- transforms ---------------------------------------------------------------------------------

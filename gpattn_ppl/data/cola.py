@@ -12,7 +12,10 @@ import torch
 from .registry import RawData, register_dataset
 from .splits import cut, official_split, pool, seeded_permutation
 
-__all__ = ["COLA_FILES", "bundled_cola_root", "read_cola"]
+__all__ = ["COLA_CLASSES", "COLA_FILES", "bundled_cola_root", "read_cola"]
+
+#: CoLA's label names in index order (0 = unacceptable, 1 = acceptable).
+COLA_CLASSES = ("unacceptable", "acceptable")
 
 #: split name -> file name of the CoLA v1.1 public release (``raw/``).
 COLA_FILES = {
@@ -86,4 +89,5 @@ def _build_cola(*, protocol: str, root, split_seed: int, cache_dir) -> RawData:
         note = "seeded 7:1:2 of in_domain_train + in_domain_dev pooled"
     return RawData(x, y, splits, {"cola_ood": files["out_of_domain_dev"]}, 2,
                    {"source": str(bundled_cola_root() if root is None else Path(root)),
-                    "split": note, "ood": "cola_ood = out_of_domain_dev"})
+                    "split": note, "ood": "cola_ood = out_of_domain_dev"},
+                   classes=list(COLA_CLASSES))

@@ -15,7 +15,10 @@ from .cr import read_cr
 from .registry import RawData, register_dataset
 from .splits import cut, official_split, pool, seeded_permutation
 
-__all__ = ["read_imdb"]
+__all__ = ["IMDB_CLASSES", "read_imdb"]
+
+#: IMDB's (and CR's) label names in index order (0 = negative, 1 = positive).
+IMDB_CLASSES = ("negative", "positive")
 
 _SPLITS = ("train", "test")
 _BR = re.compile(r"<br\s*/?>", re.IGNORECASE)
@@ -134,4 +137,4 @@ def _build_imdb(*, protocol: str, root, split_seed: int, cache_dir, cr_root=None
     if found is not None:
         ood["cr"] = read_cr(found, ("test",))["test"]
         info["ood"] = f"cr = {found / 'CR.test'}"
-    return RawData(x, y, splits, ood, 2, info)
+    return RawData(x, y, splits, ood, 2, info, classes=list(IMDB_CLASSES))

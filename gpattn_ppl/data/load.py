@@ -8,20 +8,24 @@ encodes text (learned word vocabulary or frozen MiniLM features) or wraps images
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
 import torch
 
-from .cifar import Normalize, augment
+from .cifar import augment
 from .dataset import ArrayDataset
+from .encoders import ImageEncoder, LearnedTextEncoder, MiniLMTextEncoder
 from .pretrained import MiniLMEncoder
 from .registry import DATASETS
-from .splits import seeded_permutation
+from .splits import stratified_subset
 from .tokenizer import WordTokenizer
 
-__all__ = ["TEXT_ENCODERS", "DataBundle", "load_data"]
+__all__ = ["TEXT_ENCODERS", "DataBundle", "data_fingerprint", "load_data"]
 
 #: text encoder -> the extra keyword arguments :func:`load_data` passes on to it.
 TEXT_ENCODERS: dict[str, tuple[str, ...]] = {
@@ -50,6 +54,12 @@ class DataBundle:
     :ivar info: split sizes, seeds, source folder, encoder and notes (JSON-able).
     :ivar select_metric: the validation metric the dataset declares for checkpoint selection
         (``select_metric`` of :class:`~gpattn_ppl.data.DatasetSpec`).
+    :ivar classes: the ``K`` label names in index order (``None``: the dataset names none).
+    :ivar fingerprint: sha256 hex digest of the name, protocol, split indices and the examples
+        and labels of train / val / test (see :func:`data_fingerprint`): equal digests, equal
+        data.
+    :ivar encoder_state: JSON-able description of how inputs were encoded; new inputs encoded
+        by :func:`~gpattn_ppl.data.encoder_from_state` match the splits' rows exactly.
     """
 
     train: ArrayDataset
@@ -65,30 +75,66 @@ class DataBundle:
     protocol: str
     info: dict = field(default_factory=dict)
     select_metric: str = "acc"
+    classes: list[str] | None = None
+    fingerprint: str = ""
+    encoder_state: dict = field(default_factory=dict)
+
+
+def data_fingerprint(name: str, protocol: str, x: list[str] | torch.Tensor, y: torch.Tensor,
+                     splits: dict[str, torch.Tensor]) -> str:
+    """sha256 hex digest of ``name``, ``protocol`` and, per split (train, val, test), its indices,
+    labels and examples (texts as UTF-8, images as their bytes).
+
+    :param x: all examples (a list of texts or images ``[n, 3, H, W]``).
+    :param y: ``[n]`` labels.
+    :param splits: ``"train"``, ``"val"``, ``"test"`` -> indices into ``x``.
+    """
+    h = hashlib.sha256(json.dumps(["gpattn_ppl.data", 1, name, protocol]).encode())
+    for split in ("train", "val", "test"):
+        idx = torch.as_tensor(splits[split], dtype=torch.long)
+        h.update(f"\0{split}:{len(idx)}\0".encode())
+        h.update(idx.numpy().astype("<i8").tobytes())
+        h.update(y[idx].numpy().astype("<i8").tobytes())
+        if isinstance(x, torch.Tensor):
+            h.update(f"{x.dtype}{tuple(x.shape[1:])}".encode())
+            h.update(np.ascontiguousarray(x[idx].numpy()).tobytes())
+        else:
+            texts = [x[i] for i in idx.tolist()]
+            h.update(json.dumps(texts, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
 
 
 # -- the entry point ---------------------------------------------------------------------------------
 def load_data(name: str, *, protocol: str | None = None, root: str | None = None,
               encoder: str = "learned", max_len: int = 64, seed: int = 0,
               cache_dir: str | None = None, limit_train: int | None = None,
-              **kw) -> DataBundle:
+              limit_eval: int | None = None, **kw) -> DataBundle:
     """Load a registered dataset, split by ``protocol``, encoded for a model.
 
-    ============  ===========================  ==================================================
-    name          protocols (first = default)  splits (train / val / test; OOD)
-    ============  ===========================  ==================================================
-    ``cola``      ``official``                 in_domain_train less a seeded 10% / that 10% /
+    ================  =======================  ==================================================
+    name              protocols (first =       splits (train / val / test; OOD)
+                      default)
+    ================  =======================  ==================================================
+    ``cola``          ``official``             in_domain_train less a seeded 10% / that 10% /
                                                in_domain_dev (527); ``cola_ood`` (516)
-    ``cola``      ``712``, ``sto``             seeded 6354 / 908 / 1816 of the 9078 in-domain
+    ``cola``          ``712``, ``sto``         seeded 6354 / 908 / 1816 of the 9078 in-domain
                                                sentences; ``cola_ood`` (516)
-    ``imdb``      ``official``                 22,500 / 2,500 / 25,000; ``cr`` (CR.test, 500)
-    ``imdb``      ``kep``                      35,000 / 5,000 / 10,000 of the merged 50k
-    ``cifar10``   ``official``                 45,000 / 5,000 / 10,000
-    ============  ===========================  ==================================================
+    ``imdb``          ``official``             22,500 / 2,500 / 25,000; ``cr`` (CR.test, 500)
+    ``imdb``          ``kep``                  35,000 / 5,000 / 10,000 of the merged 50k
+    ``cifar10``       ``official``             45,000 / 5,000 / 10,000
+    ``csv``           ``given``                ``train_file`` / ``val_file`` / ``test_file``
+                                               (a missing one: a seeded stratified 10% of
+                                               ``train_file``); ``ood_files``
+    ``jsonl``         ``given``                as ``csv``, one JSON object per line
+    ``image_folder``  ``given``                ``train_dir`` / ``val_dir`` / ``test_dir`` (a
+                                               missing one: a seeded stratified 10% of
+                                               ``train_dir``); ``ood_dirs``
+    ================  =======================  ==================================================
 
     :param name: a key of :data:`DATASETS`.
     :param protocol: split protocol (see the table).
-    :param root: folder with the files; ``None`` = the bundled copy (CoLA only).
+    :param root: folder with the files; ``None`` = the bundled copy (CoLA only). For ``csv``,
+        ``jsonl`` and ``image_folder``, relative file and folder options are taken under it.
     :param encoder: text only: ``"learned"`` (word ids, vocabulary from the train split;
         options ``min_freq``, ``max_vocab``) or ``"minilm"`` (frozen 384-d per-token features;
         options ``batch_size``, ``device``; needs the ``text`` extra).
@@ -96,17 +142,29 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
     :param seed: seeds the split permutation (unless ``split_seed`` is given) and
         ``limit_train``.
     :param cache_dir: where decoded images / MiniLM features are cached; ``None`` = no cache.
-    :param limit_train: keep a seeded subset of this many training examples (smoke runs).
+    :param limit_train: keep a seeded, label-stratified subset of this many training examples
+        (smoke runs); the text vocabulary is fitted on it.
+    :param limit_eval: keep a seeded (by the split seed), label-stratified subset of this many
+        examples of val, test and every OOD set.
     :param kw: ``split_seed`` (a split fixed across training seeds), the dataset's options
         (``imdb``: ``cr_root`` = CR folder, ``False`` for none; default: looked up next to
-        ``root``) and the encoder's options.
-    :raises ValueError: unknown name / protocol / encoder (the message lists allowed values).
+        ``root``; ``csv``: ``train_file``, ``val_file``, ``test_file``, ``ood_files``,
+        ``text_column``, ``label_column``, ``delimiter``; ``jsonl``: the same less
+        ``delimiter``; ``image_folder``: ``train_dir``, ``val_dir``, ``test_dir``, ``ood_dirs``,
+        ``image_size``) and the encoder's options.
+    :raises ValueError: unknown name / protocol / encoder (the message lists allowed values),
+        malformed files (naming file, line and column).
     :raises TypeError: unknown keyword arguments.
     :raises FileNotFoundError: missing files.
 
     >>> bundle = load_data("cola")
     >>> len(bundle.train), len(bundle.val), len(bundle.test), len(bundle.ood["cola_ood"])
     (7696, 855, 527, 516)
+    >>> bundle.classes
+    ['unacceptable', 'acceptable']
+    >>> small = load_data("cola", limit_train=100, limit_eval=50)
+    >>> len(small.train), len(small.val), len(small.test), len(small.ood["cola_ood"])
+    (100, 50, 50, 50)
     """
     start = time.perf_counter()
     if name not in DATASETS:
@@ -127,69 +185,81 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
     if unknown:
         raise TypeError(f"load_data({name!r}, encoder={encoder!r}) got unexpected keyword "
                         f"arguments {unknown}; allowed: {', '.join(allowed)}")
-    if limit_train is not None and limit_train < 1:
-        raise ValueError(f"limit_train must be >= 1, got {limit_train}")
+    for key, limit in (("limit_train", limit_train), ("limit_eval", limit_eval)):
+        if limit is not None and limit < 1:
+            raise ValueError(f"{key} must be >= 1, got {limit}")
     split_seed = seed if kw.get("split_seed") is None else int(kw["split_seed"])
     raw = spec.builder(protocol=protocol, root=root, split_seed=split_seed, cache_dir=cache_dir,
                        **{k: kw[k] for k in spec.options if k in kw})
+    if raw.classes is not None and len(raw.classes) != raw.num_classes:
+        raise ValueError(f"{name}: {len(raw.classes)} class names for {raw.num_classes} classes")
     splits = dict(raw.splits)
-    if limit_train is not None and limit_train < len(splits["train"]):
-        keep = seeded_permutation(len(splits["train"]), seed)[:limit_train]
-        splits["train"] = splits["train"][keep.sort().values]
+    ood = dict(raw.ood)
+    if limit_train is not None:
+        splits["train"] = _limit(splits["train"], raw.y, limit_train, seed)
+    if limit_eval is not None:
+        for split in ("val", "test"):
+            splits[split] = _limit(splits[split], raw.y, limit_eval, split_seed)
+        for key, (ood_x, ood_y) in ood.items():
+            keep = stratified_subset(ood_y, limit_eval, split_seed)
+            ood[key] = ([ood_x[i] for i in keep.tolist()] if isinstance(ood_x, list)
+                        else ood_x[keep], ood_y[keep])
     for split in ("train", "val", "test"):
         if len(splits[split]) == 0:
             raise ValueError(f"{name} ({protocol}): the {split} split is empty")
 
     info = {"name": name, "protocol": protocol, "seed": seed, "split_seed": split_seed,
-            "limit_train": limit_train, **raw.info}
+            "limit_train": limit_train, "limit_eval": limit_eval, **raw.info}
     if spec.modality == "text":
         enc_kw = {**spec.encoder_defaults, **{k: kw[k] for k in enc_options if k in kw}}
         enc_kw = {k: v for k, v in enc_kw.items() if k in enc_options}
-        sets, ood, extra, notes = _encode_text(name, raw, splits, encoder, max_len, cache_dir,
-                                               enc_kw)
+        sets, ood, extra, notes = _encode_text(name, raw, splits, ood, encoder, max_len,
+                                               cache_dir, enc_kw)
         info.update(notes)
     else:
-        sets, ood = _wrap_images(name, raw, splits)
-        extra = {"input_kind": "image", "vocab_size": None, "feature_dim": None,
-                 "tokenizer": None}
+        sets, ood, extra = _wrap_images(name, raw, splits, ood)
+        info["normalize"] = {k: extra["encoder_state"][k] for k in ("mean", "std")}
     info["sizes"] = {s: len(d) for s, d in sets.items()} | {k: len(d) for k, d in ood.items()}
+    fingerprint = data_fingerprint(name, protocol, raw.x, raw.y, splits)
     info["load_seconds"] = round(time.perf_counter() - start, 3)
     return DataBundle(train=sets["train"], val=sets["val"], test=sets["test"], ood=ood,
                       num_classes=raw.num_classes, input_kind=extra["input_kind"],
                       vocab_size=extra["vocab_size"], feature_dim=extra["feature_dim"],
                       tokenizer=extra["tokenizer"], name=name, protocol=protocol, info=info,
-                      select_metric=spec.select_metric)
+                      select_metric=spec.select_metric,
+                      classes=None if raw.classes is None else [str(c) for c in raw.classes],
+                      fingerprint=fingerprint, encoder_state=extra["encoder_state"])
 
 
-def _float32(x: torch.Tensor) -> torch.Tensor:
-    return x.float()
+def _limit(index: torch.Tensor, y: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    """A seeded label-stratified subset of ``size`` of the examples at ``index``."""
+    return index[stratified_subset(y[index], size, seed)]
 
 
-def _encode_text(name, raw, splits, encoder, max_len, cache_dir, enc_kw):
+def _encode_text(name, raw, splits, raw_ood, encoder, max_len, cache_dir, enc_kw):
     used = torch.cat([splits[s] for s in ("train", "val", "test")]).unique()  # sorted
     pos = torch.full((len(raw.x),), -1, dtype=torch.long)
     pos[used] = torch.arange(len(used))
     texts = [raw.x[i] for i in used.tolist()]
     if encoder == "learned":
         tokenizer = WordTokenizer.fit([raw.x[i] for i in splits["train"].tolist()], **enc_kw)
-        encode = partial(tokenizer.encode, max_len=max_len)
-        extra = {"input_kind": "tokens", "vocab_size": tokenizer.vocab_size,
-                 "feature_dim": None, "tokenizer": tokenizer}
+        input_encoder = LearnedTextEncoder(tokenizer, max_len)
+        extra = {"vocab_size": tokenizer.vocab_size, "feature_dim": None, "tokenizer": tokenizer}
     else:
-        model = MiniLMEncoder(cache_dir, **enc_kw)
-        encode = partial(model.encode, max_len=max_len)
-        extra = {"input_kind": "features", "vocab_size": None,
-                 "feature_dim": MiniLMEncoder.feature_dim, "tokenizer": None}
-    x, lengths = encode(texts)
-    to_float = _float32 if extra["input_kind"] == "features" else None  # stored as float16
+        input_encoder = MiniLMTextEncoder(max_len, cache_dir=cache_dir, **enc_kw)
+        extra = {"vocab_size": None, "feature_dim": MiniLMEncoder.feature_dim, "tokenizer": None}
+    extra["input_kind"] = input_encoder.input_kind
+    extra["encoder_state"] = input_encoder.state_dict()
+    x, lengths = input_encoder.encode(texts)
+    to_float = input_encoder.transform  # MiniLM features are stored as float16
     sets = {}
     for split in ("train", "val", "test"):
         rows = pos[splits[split]]
         sets[split] = ArrayDataset(x[rows], raw.y[splits[split]], lengths[rows],
                                    name=f"{name}_{split}", transform=to_float)
     ood = {}
-    for key, (ood_x, ood_y) in raw.ood.items():
-        ood_ids, ood_len = encode(list(ood_x))
+    for key, (ood_x, ood_y) in raw_ood.items():
+        ood_ids, ood_len = input_encoder.encode(list(ood_x))
         ood[key] = ArrayDataset(ood_ids, ood_y, ood_len, name=key, transform=to_float)
     at_max = float((lengths == max_len).float().mean())
     notes = {"encoder": encoder, "max_len": max_len, "encoder_options": enc_kw,
@@ -197,8 +267,27 @@ def _encode_text(name, raw, splits, encoder, max_len, cache_dir, enc_kw):
     return sets, ood, extra, notes
 
 
-def _wrap_images(name, raw, splits):
-    normalize = Normalize()
+def _channel_stats(x: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and standard deviation of uint8 images ``[n, C, H, W]`` in [0, 1]
+    units (in chunks of about 4M values; the deviation is at least 1e-3)."""
+    n, c, h, w = x.shape
+    total, squares = torch.zeros(c, dtype=torch.float64), torch.zeros(c, dtype=torch.float64)
+    for chunk in x.split(max(1, (1 << 22) // (c * h * w))):
+        values = chunk.double()
+        total += values.sum((0, 2, 3))
+        squares += values.square().sum((0, 2, 3))
+    count = n * h * w
+    mean = total / count / 255.0
+    std = (squares / count / 255.0**2 - mean.square()).clamp(min=0).sqrt().clamp(min=1e-3)
+    return tuple(round(float(v), 6) for v in mean), tuple(round(float(v), 6) for v in std)
+
+
+def _wrap_images(name, raw, splits, raw_ood):
+    mean, std = (raw.image_stats if raw.image_stats is not None
+                 else _channel_stats(raw.x[splits["train"]]))
+    height, width = raw.x.shape[2:]
+    input_encoder = ImageEncoder(height if height == width else None, mean, std)
+    normalize = input_encoder.transform
     crop_flip = partial(augment, fill=normalize.black)  # transform runs first: pad with black
     sets = {}
     for split in ("train", "val", "test"):
@@ -207,5 +296,7 @@ def _wrap_images(name, raw, splits):
                                    augment=crop_flip if split == "train" else None,
                                    transform=normalize)
     ood = {key: ArrayDataset(x, y, name=key, transform=normalize)
-           for key, (x, y) in raw.ood.items()}
-    return sets, ood
+           for key, (x, y) in raw_ood.items()}
+    extra = {"input_kind": "image", "vocab_size": None, "feature_dim": None, "tokenizer": None,
+             "encoder_state": input_encoder.state_dict()}
+    return sets, ood, extra

@@ -27,6 +27,9 @@ class RawData:
     :ivar ood: name -> ``(x, y)`` of an out-of-distribution set.
     :ivar num_classes: ``K``.
     :ivar info: provenance notes merged into ``info`` of :class:`~gpattn_ppl.data.DataBundle`.
+    :ivar classes: the ``K`` label names in index order; ``None``: unnamed.
+    :ivar image_stats: images only: per-channel ``(mean, std)`` in [0, 1] units for the
+        normalisation; ``None``: computed from the training split.
     """
 
     x: list[str] | torch.Tensor
@@ -35,6 +38,8 @@ class RawData:
     ood: dict[str, tuple[Any, torch.Tensor]]
     num_classes: int
     info: dict = field(default_factory=dict)
+    classes: list[str] | None = None
+    image_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ r"""A numerically safe relaxed one-hot categorical (Concrete / Gumbel-softmax) d
 The sample is computed from scores in log space and its density is evaluated from the cached
 scores, so neither sampling nor :meth:`~SafeRelaxedOneHotCategorical.log_prob` underflows at small
 temperatures (Pyro's / torch's ``RelaxedOneHotCategorical.log_prob`` is NaN for
-:math:`\tau \le 0.1`, METHODS §1.8). Categories whose logit is :math:`-\infty` (padded keys) are
+:math:`\tau \le 0.1`). Categories whose logit is :math:`-\infty` (padded keys) are
 outside the support: they get weight exactly 0 and the density lives on the face of the simplex
 spanned by the remaining :math:`K_\text{eff}` categories.
 """

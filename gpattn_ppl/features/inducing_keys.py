@@ -12,7 +12,7 @@ class GlobalInducingKeys(nn.Module):
     r"""M learned inducing inputs per head, projected by that head's own query weights.
 
     The points live in the layer's input space (width C, the space of the LayerNorm output the
-    attention unit sees) and are mapped to key space exactly like the tokens (METHODS §1.4):
+    attention unit sees) and are mapped to key space exactly like the tokens:
 
     .. math::
         k_\beta^{h} = Z_\beta^{h}\,(W_{qk}^{h})^\top \in \mathbb R^{M\times D},\qquad
@@ -20,7 +20,7 @@ class GlobalInducingKeys(nn.Module):
 
     where :math:`W_{qk}^{h}` is head h's block of output rows of the tied query/key projection.
     Each head uses its own rows -- the public decoupled code projects heads >= 1 with rows of the
-    value or of other heads' weights (a fused-projection bug, METHODS §1.4 pitfalls).
+    value or of other heads' weights (a fused-projection bug).
 
     :param heads: H. :param num_inducing: M (``0`` is allowed: no global keys).
     :param dim: C, the input width.

@@ -177,7 +177,7 @@ class KernelEigenFeatures(Module):
         .. math::
             \mathcal L_{\mathrm{KSVD}, b} = \frac1H\sum_h \Big(\frac{J_{bh}}{n_b}\Big)^2
 
-        with :math:`n_b` the number of real tokens [ours, METHODS §1.5]: dividing by :math:`n_b`
+        with :math:`n_b` the number of real tokens [ours]: dividing by :math:`n_b`
         keeps the zero of eq. 11 at an exact KSVD and makes the weight :math:`\eta` comparable
         across lengths; the batch mean of this term is :math:`\mathrm{mean}_{b,h}(J_{bh}/n_b)^2`.
         """

@@ -62,10 +62,10 @@ class KernelTerms:
 class CGPTerms(KernelTerms):
     r"""The kernel matrices and factors of one CGP call, each computed on first use.
 
-    Padding uses the block trick (METHODS §0): every kernel matrix has its padded rows and
-    columns zeroed, every factorised matrix gets 1 on its padded diagonal, so the real-token
-    block equals the computation on the unpadded sequence. All matrices ``[B, H, N, N]``, in
-    :class:`~gpattn_ppl.settings.gp_dtype`.
+    Padding uses the block trick (:func:`~gpattn_ppl.linalg.block_mask`): every kernel matrix has
+    its padded rows and columns zeroed, every factorised matrix gets 1 on its padded diagonal, so
+    the real-token block equals the computation on the unpadded sequence. All matrices
+    ``[B, H, N, N]``, in :class:`~gpattn_ppl.settings.gp_dtype`.
 
     Factors (:math:`L_o L_o^\top = K_o + \sigma^2 I`, :math:`L_k L_k^\top = K_k + \sigma^2 I`):
     :math:`R_q = L_o^{-1}K_{oq}`, :math:`F_q = L_o^{-\top}R_q = P_o K_{oq}`,

@@ -201,7 +201,7 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
         r"""Set :math:`s_m` to random real latent inputs :math:`x_o` and :math:`s_l` to random real
         keys of a batch (``[B, H, N, D]``), plus 1% noise, and mark the sets initialised.
 
-        Data initialisation keeps the inducing inputs where the tokens are (METHODS §1.7: never
+        Data initialisation keeps the inducing inputs where the tokens are (never
         near the origin if the tokens are not); with them equal to the tokens the DTC mean is exact.
         """
         B, H, N, D = x_o.shape

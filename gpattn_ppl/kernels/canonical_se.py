@@ -10,7 +10,7 @@ from gpytorch.kernels import Kernel
 
 __all__ = ["CanonicalSEKernel", "canonical_projection_init_"]
 
-#: median squared distance between two projected tokens at initialisation [ours, METHODS §1.2]
+#: median squared distance between two projected tokens at initialisation [ours]
 TARGET_SQ_DIST = 1.5
 
 
@@ -85,7 +85,7 @@ def canonical_projection_init_(weight: torch.Tensor, head_dim: int,
     projected tokens in :math:`\mathbb R^D` are at expected squared distance
     :math:`2 D C s^2`. The default ``nn.Linear`` init gives about :math:`2D/3` (21 for D = 32),
     so :math:`\kappa_o \approx 2\cdot10^{-5}` off the diagonal and the kernel starts as the
-    identity (METHODS §1.2 pitfall). This draws
+    identity. This draws
     :math:`W \sim \mathcal N(0, s^2)` with :math:`2 D C s^2 =` ``target_sq_dist`` [ours].
 
     :param weight: ``[rows, C]`` weight (or a view of some of its rows), filled in place.

@@ -14,6 +14,7 @@ NaN/inf, rows not summing to 1 within 1e-3, empty arrays, labels out of range) r
 * :mod:`.failure` -- failure-prediction AUROC, AUPR-Success/Error, FPR95;
 * :mod:`.ood_detection` -- OOD AUROC, AUPR-In/Out, FPR95 (ID = positive);
 * :mod:`.uncertainty` -- predictive entropy, mutual information, predictive variance/std;
+* :mod:`.temperature` -- temperature scaling of ``T``-pass logits (fit on validation data);
 * :mod:`.report` -- :func:`classification_report` (the OOD report is
   :func:`gpattn_ppl.ood.ood_report`).
 
@@ -42,6 +43,7 @@ from .ood_detection import (
 )
 from .report import HIGHER_IS_BETTER, METRIC_NAMES, classification_report
 from .selective import AURC, aurc, eaurc, risk_coverage_curve
+from .temperature import apply_temperature, fit_temperature
 from .uncertainty import (
     expected_entropy,
     mutual_information,
@@ -56,6 +58,7 @@ __all__ = [
     "HIGHER_IS_BETTER",
     "METRIC_NAMES",
     "accuracy",
+    "apply_temperature",
     "aurc",
     "brier_score",
     "calibration_bins",
@@ -67,6 +70,7 @@ __all__ = [
     "failure_aupr_success",
     "failure_auroc",
     "failure_fpr95",
+    "fit_temperature",
     "matthews_corrcoef",
     "maximum_calibration_error",
     "mutual_information",

@@ -8,6 +8,7 @@ from .spec import (
     Option,
     check_model,
     check_section,
+    check_value,
     read_yaml_mapping,
     validate_model_spec,
 )
@@ -16,4 +17,4 @@ from .vit import ViTClassifier
 
 __all__ = ["ConfigError", "MODEL_SCHEMA", "Option", "TextClassifier", "TransformerClassifier",
            "ViTClassifier", "assemble_model", "build_model", "check_model", "check_section",
-           "read_yaml_mapping", "resolve_block_attention", "validate_model_spec"]
+           "check_value", "read_yaml_mapping", "resolve_block_attention", "validate_model_spec"]

@@ -1,6 +1,6 @@
 r"""The OOD report: every detector's AUROC, AUPR-In/Out and FPR95 on an ID and an OOD set.
 
-Like :func:`gpattn_ppl.metrics.classification_report` it follows METHODS 4.1: computed once over
+Like :func:`gpattn_ppl.metrics.classification_report` it is computed once over
 the whole sets, in float64, returned as Python ``float``.
 """
 

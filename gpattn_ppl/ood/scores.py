@@ -1,7 +1,7 @@
 r"""OOD detector scores by name; higher = more in-distribution.
 
 All scores use the model average :math:`\bar p_i = \frac1T \sum_t p_{t,i}` of ``T`` passes
-(METHODS 4.1; names as in pytorch-ood where they exist):
+(:doc:`/metrics`; names as in pytorch-ood where they exist):
 
 =================  =========================================================================
 name               score :math:`s_i`

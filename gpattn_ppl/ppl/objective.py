@@ -2,7 +2,7 @@
 
 Units expose terms by name (``kl``, ``ksvd_loss``, ``cgp_loss``); the config's ``train.objective``
 section gives each a weight schedule under the key of :data:`OBJECTIVE_WEIGHTS`. The per-datum loss
-the trainer minimises is (METHODS §3.1)
+the trainer minimises is
 
 .. math::
     \\mathcal L = \\frac1B\\sum_{i\\in\\text{batch}}\\big[\\mathrm{CE}_i + \\sum_t w_t\\,\\ell_{t,i}\\big]

@@ -3,7 +3,13 @@
 * :mod:`~gpattn_ppl.run.config` -- the experiment config, validated once;
 * :mod:`~gpattn_ppl.run.experiment` -- :class:`~gpattn_ppl.run.experiment.Trainer` (one run
   into a run folder, exact resume) and :func:`~gpattn_ppl.run.experiment.evaluate_run`;
-* :mod:`~gpattn_ppl.run.evaluate` -- test and OOD metrics of a trained program;
+* :mod:`~gpattn_ppl.run.rundir` -- what a run folder holds and when it may be written;
+* :mod:`~gpattn_ppl.run.evaluate` -- test and OOD metrics of a trained program (and
+  temperature scaling);
+* :mod:`~gpattn_ppl.run.predictor` -- :func:`~gpattn_ppl.run.predictor.load_run`: predict with a
+  trained run;
+* :mod:`~gpattn_ppl.run.output` -- strict JSON and the one run summary;
+* :mod:`~gpattn_ppl.run.plugins` -- ``--import MODULE`` and entry points: user datasets and units;
 * :mod:`~gpattn_ppl.run.runtime` -- device, DDP, seeding, peak memory;
 * :mod:`~gpattn_ppl.run.compare` -- configs x seeds -> the mean ± std table;
 * :mod:`~gpattn_ppl.run.demo` -- every registered unit on the bundled CoLA data;
@@ -24,16 +30,22 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                      "layer_inputs", "layer_step_time", "loglog_slope", "machine_info",
                      "round_summary", "spec_step_time", "split_spec", "time_against_softmax",
                      "time_fn", "train_step", "write_json"),
-    "cli": ("main",),
+    "cli": ("build_parser", "main"),
     "compare": ("TABLE_COLUMNS", "ensemble_results", "format_markdown", "run_compare", "summarise",
                 "write_table"),
     "config": ("Config", "ConfigError", "SCHEMA", "apply_overrides", "load_config",
                "validate_config"),
     "demo": ("DEMO_PRESETS", "demo_methods", "run_demo"),
-    "evaluate": ("evaluate_model",),
-    "experiment": ("Trainer", "VALIDATION_METRICS", "build_net", "evaluate_run", "load_bundle",
-                   "selection_metric"),
-    "plotting": ("metric_vs_severity_plot", "reliability_diagram", "risk_coverage_plot"),
+    "evaluate": ("evaluate_model", "evaluate_predictions", "temper"),
+    "experiment": ("Trainer", "VALIDATION_METRICS", "build_net", "data_sizes", "evaluate_run",
+                   "load_bundle", "selection_metric"),
+    "output": ("dumps", "strict", "summary"),
+    "plugins": ("ENTRY_POINT_GROUP", "import_plugins", "imported_plugins", "load_entry_points"),
+    "predictor": ("Predictor", "load_run", "read_inputs"),
+    "rundir": ("RUN_FILES", "RunFolderError", "check_run_folder", "clear_run_files",
+               "config_differences", "holds_run", "read_manifest", "write_json_atomic"),
+    "plotting": ("metric_vs_severity_plot", "ood_score_histogram", "plot_runs",
+                 "reliability_diagram", "risk_coverage_plot"),
     "runtime": ("barrier", "init_distributed", "peak_memory_mb", "seed_everything",
                 "select_device"),
 }

@@ -1,32 +1,92 @@
-"""Command line: ``gpattn-ppl train | evaluate | compare | bench | demo``."""
+"""Command line: ``gpattn-ppl train | evaluate | predict | plot | compare | bench | demo``.
+
+Every command prints strict JSON or Markdown; errors the user can fix (a bad config, a missing
+file, a refused run folder) print one ``gpattn-ppl <command>: error: ...`` line and exit with 2.
+``--set KEY.PATH=VALUE`` pairs may come before or after the positional arguments.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import sys
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
+
+_SET_HELP = ("override a config value, e.g. --set train.lr=1e-3 model.attention.kind=kernel "
+             "(YAML scalars; may come before or after the positional arguments)")
+_PAIR = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*=")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpattn-ppl")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        from .. import __version__
+
+        return __version__
+
+
+def _default_out(config: str) -> Path:
+    """``runs/<config folder>/<config stem>``: ``cola/softmax.yaml`` and ``imdb/softmax.yaml``
+    get different folders."""
+    path = Path(config)
+    return Path("runs") / path.parent.name / path.stem if path.parent.name else Path("runs") / path.stem
 
 
 def _train(args) -> int:
     from .config import load_config
     from .experiment import Trainer
+    from .output import dumps, summary
 
-    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    results = Trainer(load_config(args.config, args.set), out).fit()
-    print(json.dumps({"run_dir": str(out), "test": results["test"],
-                      "ood": {k: v["classification"] for k, v in results["ood"].items()},
-                      "cost": results["cost"]}, indent=1))
+    out = Path(args.out) if args.out else _default_out(args.config)
+    trainer = Trainer(load_config(args.config, args.set), out, resume=args.resume,
+                      force=args.force)
+    results = trainer.fit()
+    print(dumps(summary(results, out)))
     return 0
 
 
 def _evaluate(args) -> int:
     from .experiment import evaluate_run
+    from .output import dumps, summary
 
-    results = evaluate_run(args.run_dir, ood=args.ood)
-    print(json.dumps({"test": results["test"], "ood": results["ood"]}, indent=1))
+    results = evaluate_run(args.run_dir, ood=args.ood, overrides=args.set)
+    if not args.no_plots:
+        from .plotting import plot_runs
+
+        plot_runs([Path(args.run_dir)], Path(args.run_dir) / "plots")
+    print(dumps(summary(results, args.run_dir)))
+    return 0
+
+
+def _predict(args) -> int:
+    from .output import dumps
+    from .predictor import load_run, read_inputs
+
+    texts = read_inputs(args.input, args.text_column)
+    predictor = load_run(args.run_dir, device=args.device, temperature=not args.no_temperature)
+    records = predictor.predict(texts, samples=args.samples, batch_size=args.batch_size,
+                                seed=args.seed)
+    lines = [dumps({"text": t, **r}, indent=None) for t, r in zip(texts, records)]
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(lines) + "\n")
+        print(f"wrote {len(lines)} predictions to {out}", file=sys.stderr)
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+def _plot(args) -> int:
+    from .plotting import plot_runs
+
+    for path in plot_runs([Path(d) for d in args.run_dirs], Path(args.out)):
+        print(path)
     return 0
 
 
@@ -34,13 +94,16 @@ def _compare(args) -> int:
     from .compare import format_markdown, run_compare
 
     rows = run_compare(args.configs, args.seeds, args.out, overrides=args.set,
-                       ensemble=args.ensemble, progress=not args.no_progress)
+                       ensemble=args.ensemble, progress=not args.no_progress, force=args.force,
+                       plots=not args.no_plots)
     print(format_markdown(rows))
     print(f"\nwrote {args.out}/results.md and results.csv")
     return 0
 
 
 def _bench(args) -> int:
+    import json
+
     from .benchmarking import bench_layers, write_json
 
     kinds = [json.loads(k) if k.startswith("{") else {"kind": k} for k in args.kinds]
@@ -62,63 +125,175 @@ def _demo(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpattn-ppl", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
-
-    t = sub.add_parser("train", help="train one config into a run directory (resumes if present)")
-    t.add_argument("config")
-    t.add_argument("--set", nargs="*", default=[], metavar="KEY.PATH=VALUE")
-    t.add_argument("--out", default=None)
-    t.set_defaults(fn=_train)
-
-    e = sub.add_parser("evaluate", help="re-evaluate a run directory's best checkpoint")
-    e.add_argument("run_dir")
-    e.add_argument("--ood", nargs="*", default=None)
-    e.set_defaults(fn=_evaluate)
-
-    c = sub.add_parser("compare", help="train configs x seeds, write a mean ± std table")
-    c.add_argument("configs", nargs="+")
-    c.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    c.add_argument("--set", nargs="*", default=[], metavar="KEY.PATH=VALUE")
-    c.add_argument("--out", default="compare_out")
-    c.add_argument("--ensemble", type=int, default=0, help="also report the ensemble of K seeds")
-    c.add_argument("--no-progress", action="store_true")
-    c.set_defaults(fn=_compare)
-
-    b = sub.add_parser("bench", help="forward+backward time of attention units vs softmax (JSON)")
-    b.add_argument("kinds", nargs="*", default=["softmax", "kernel"],
-                   help="kinds, or JSON specs like '{\"kind\": \"kernel\", \"symmetric\": true}'")
-    b.add_argument("--B", type=int, default=32)
-    b.add_argument("--N", type=int, default=64)
-    b.add_argument("--C", type=int, default=128)
-    b.add_argument("--H", type=int, default=4)
-    b.add_argument("--repeats", type=int, default=20)
-    b.add_argument("--device", default="cpu")
-    b.add_argument("--out", default="benchmarks/results/layers.json")
-    b.set_defaults(fn=_bench)
-
-    d = sub.add_parser("demo", help="train + evaluate every registered unit on bundled CoLA")
-    d.add_argument("--out", default="demo_out")
-    d.add_argument("--smoke", action="store_true", help="tiny run (CI)")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--methods", nargs="*", default=None)
-    d.add_argument("--no-progress", action="store_true")
-    d.add_argument("--resume", action="store_true",
-                   help="re-use finished / resume interrupted runs in --out (default: start afresh)")
-    d.set_defaults(fn=_demo)
+def _sub(sub, name: str, help: str, example: str, fn):
+    p = sub.add_parser(name, help=help, description=help, epilog=f"example:\n  {example}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(fn=fn)
     return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``gpattn-ppl`` (every argument has help text and an example)."""
+    p = argparse.ArgumentParser(
+        prog="gpattn-ppl", description="Uncertainty-aware Transformer attention (GP and "
+        "stochastic units): train, evaluate, predict, plot, compare, bench, demo.",
+        epilog="example:\n  gpattn-ppl train experiments/configs/cola/softmax.yaml "
+        "--set train.epochs=5\n  gpattn-ppl <command> --help   (help and an example per command)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"gpattn-ppl {_version()}")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE (dotted name or path/to/file.py) first, so the datasets "
+                   "and attention units it registers can be used; repeatable, e.g. --import "
+                   "mypkg.units")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                           help="run `gpattn-ppl COMMAND --help` for its arguments and an example")
+
+    t = _sub(sub, "train", "train one config into a run folder, then evaluate its best "
+             "checkpoint", "gpattn-ppl train experiments/configs/cola/sgpa.yaml --set "
+             "train.epochs=3 --out runs/sgpa3", _train)
+    t.add_argument("config", help="YAML config (sections model, data, train, eval), e.g. "
+                   "experiments/configs/cola/softmax.yaml")
+    t.add_argument("--set", action="append", default=None, metavar="KEY.PATH=VALUE",
+                   help=_SET_HELP)
+    t.add_argument("--out", default=None, help="run folder (default: runs/<config folder>/"
+                   "<config name>, e.g. runs/cola/softmax)")
+    flags = t.add_mutually_exclusive_group()
+    flags.add_argument("--resume", action="store_true", help="continue the run in --out "
+                       "(same config only; a finished run is re-evaluated)")
+    flags.add_argument("--force", action="store_true", help="discard the run in --out and "
+                       "start afresh")
+
+    e = _sub(sub, "evaluate", "re-evaluate a run folder's best checkpoint (test and OOD sets); "
+             "draws its plots into RUN_DIR/plots", "gpattn-ppl evaluate runs/cola/softmax "
+             "--ood cola_ood --set eval.temperature_scaling=true", _evaluate)
+    e.add_argument("run_dir", help="a run folder written by train, e.g. runs/cola/softmax")
+    e.add_argument("--ood", nargs="+", default=None, metavar="NAME",
+                   help="OOD sets to evaluate (default: eval.ood of the run, else every OOD set "
+                   "of its dataset), e.g. --ood cola_ood")
+    e.add_argument("--set", action="append", default=None, metavar="eval.KEY=VALUE",
+                   help="override the eval section only, e.g. --set eval.mc_samples=20")
+    e.add_argument("--no-plots", action="store_true", help="do not draw RUN_DIR/plots/*.png")
+
+    r = _sub(sub, "predict", "predict new inputs with a trained run (JSON Lines: text, probs, "
+             "pred, entropy, mutual_info, msp)", "gpattn-ppl predict runs/cola/softmax --input "
+             "sentences.txt --out predictions.jsonl --samples 20", _predict)
+    r.add_argument("run_dir", help="a run folder written by train, e.g. runs/cola/softmax")
+    r.add_argument("--input", required=True, metavar="FILE",
+                   help="texts: .txt (one per line), .csv / .tsv (a 'text' column) or .jsonl "
+                   "(a 'text' key), e.g. --input new.csv")
+    r.add_argument("--text-column", default=None, metavar="NAME",
+                   help="the column / key holding the text (default: text), e.g. --text-column "
+                   "sentence")
+    r.add_argument("--out", default=None, metavar="FILE",
+                   help="write JSON Lines here (default: print them), e.g. --out preds.jsonl")
+    r.add_argument("--samples", type=int, default=None, metavar="T",
+                   help="stochastic passes averaged per input (default: eval.mc_samples of the "
+                   "run; deterministic networks run once), e.g. --samples 20")
+    r.add_argument("--batch-size", type=int, default=256, help="inputs per forward pass, e.g. "
+                   "--batch-size 64")
+    r.add_argument("--seed", type=int, default=0, help="seed of the stochastic passes, e.g. "
+                   "--seed 1")
+    r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto, e.g. --device "
+                   "auto")
+    r.add_argument("--no-temperature", action="store_true",
+                   help="ignore the run's fitted temperature (raw probabilities)")
+
+    g = _sub(sub, "plot", "draw reliability diagrams, risk-coverage curves and OOD score "
+             "histograms of evaluated runs", "gpattn-ppl plot runs/cola/softmax "
+             "runs/cola/sgpa --out plots/", _plot)
+    g.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="evaluated run folders (with predictions.pt), e.g. runs/cola/softmax")
+    g.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs, e.g. "
+                   "--out plots/")
+
+    c = _sub(sub, "compare", "train configs x seeds and write a mean ± std table (results.md, "
+             "results.csv, plots)", "gpattn-ppl compare experiments/configs/cola/"
+             "{softmax,sgpa}.yaml --seeds 0 1 2 --set eval.temperature_scaling=true --out "
+             "runs/cola_cmp", _compare)
+    c.add_argument("configs", nargs="+", metavar="CONFIG", help="YAML configs, one method "
+                   "each (named by file name), e.g. experiments/configs/cola/softmax.yaml")
+    c.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], metavar="SEED",
+                   help="train.seed values (default: 0 1 2), e.g. --seeds 0 1")
+    c.add_argument("--set", action="append", default=None, metavar="KEY.PATH=VALUE",
+                   help=_SET_HELP + "; applied to every config")
+    c.add_argument("--out", default="compare_out", metavar="DIR",
+                   help="output folder: <method>/seed<k> run folders and the tables (default: "
+                   "compare_out)")
+    c.add_argument("--ensemble", type=int, default=0, metavar="K",
+                   help="also report the deep ensemble of the first K seeds, e.g. --ensemble 3")
+    c.add_argument("--force", action="store_true", help="retrain run folders in --out that "
+                   "hold a different config (default: refuse)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bars")
+    c.add_argument("--no-plots", action="store_true", help="do not draw --out/plots/*.png")
+
+    b = _sub(sub, "bench", "forward+backward time of attention units vs softmax (JSON)",
+             "gpattn-ppl bench softmax sgpa '{\"kind\": \"kernel\", \"symmetric\": true}' --N "
+             "128", _bench)
+    b.add_argument("kinds", nargs="*", default=["softmax", "kernel"],
+                   help="attention kinds, or JSON specs like '{\"kind\": \"kernel\", "
+                   "\"symmetric\": true}' (default: softmax kernel)")
+    b.add_argument("--B", type=int, default=32, help="batch size (default 32)")
+    b.add_argument("--N", type=int, default=64, help="sequence length (default 64)")
+    b.add_argument("--C", type=int, default=128, help="width (default 128)")
+    b.add_argument("--H", type=int, default=4, help="heads (default 4)")
+    b.add_argument("--repeats", type=int, default=20, help="timed repeats (default 20)")
+    b.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    b.add_argument("--out", default="benchmarks/results/layers.json", metavar="FILE",
+                   help="JSON output (default benchmarks/results/layers.json)")
+
+    d = _sub(sub, "demo", "the main job: train and evaluate every registered unit on the "
+             "bundled CoLA data; table and plots", "gpattn-ppl demo --methods softmax sgpa "
+             "--out demo_out", _demo)
+    d.add_argument("--out", default="demo_out", metavar="DIR", help="output folder (default "
+                   "demo_out)")
+    d.add_argument("--smoke", action="store_true", help="tiny run in seconds (what CI runs)")
+    d.add_argument("--seed", type=int, default=0, help="train.seed (default 0)")
+    d.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   help="a subset of the demo methods, e.g. --methods softmax kep_svgp "
+                   "(default: all)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bars")
+    d.add_argument("--resume", action="store_true",
+                   help="re-use finished / resume interrupted runs in --out (default: start "
+                   "afresh)")
+    return p
+
+
+def _gather_set(argv: list[str]) -> list[str]:
+    """``--set a=1 b=2 CONFIG`` -> ``--set a=1 --set b=2 CONFIG``: a ``--set`` takes only the
+    ``KEY.PATH=VALUE`` words that follow it, so positional arguments may come after it."""
+    out, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--set":
+            j = i + 1
+            while j < len(argv) and _PAIR.match(argv[j]):
+                out += ["--set", argv[j]]
+                j += 1
+            if j == i + 1:
+                out.append(word)  # let argparse report the missing value
+            i = j
+            continue
+        out.append(word)
+        i += 1
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpattn-ppl`` console script.
 
     :param argv: arguments (default: ``sys.argv[1:]``).
-    :returns: the exit status; 2 on a user error (bad config, missing file, ...), whose message
-        is printed to stderr.
+    :returns: the exit status; 2 on a user error (bad config, missing file, refused run
+        folder, ...), whose message is printed to stderr.
     """
+    argv = _gather_set(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
+    if hasattr(args, "set") and args.set is None:
+        args.set = []
     try:
+        from .plugins import import_plugins, load_entry_points
+
+        load_entry_points()
+        import_plugins(args.imports)
         return args.fn(args)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"gpattn-ppl {args.command}: error: {err}", file=sys.stderr)

@@ -44,9 +44,19 @@ def _get(results: dict, path: tuple):
 
 
 def summarise(runs: dict[str, list[dict]]) -> list[dict]:
-    """Per method: mean and sample std (ddof 1) of every table column over its runs."""
-    rows = []
+    """Per method: mean and sample std (ddof 1) of every table column over its runs.
+
+    Runs evaluated with temperature scaling (``eval.temperature_scaling``) add a row
+    ``"<method> + TS"`` right after their method's row, computed from their ``"ts"`` results
+    (same runs, tempered predictive; the cost columns are the method's own).
+    """
+    with_ts: dict[str, list[dict]] = {}
     for method, results in runs.items():
+        with_ts[method] = results
+        if results and all("ts" in r for r in results):
+            with_ts[f"{method} + TS"] = [{**r, **r["ts"]} for r in results]
+    rows = []
+    for method, results in with_ts.items():
         row = {"method": method, "runs": len(results)}
         for title, path, _ in TABLE_COLUMNS:
             vals = [v for v in (_get(r, path) for r in results) if v is not None]
@@ -119,37 +129,48 @@ def ensemble_results(run_dirs: list[Path], cfg: dict) -> dict:
 def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str | Path, *,
                 overrides: list[str] | None = None, ensemble: int = 0,
                 names: list[str] | None = None, bundle_cache: bool = True,
-                progress: bool = True) -> list[dict]:
+                progress: bool = True, force: bool = False, plots: bool = False
+                ) -> list[dict]:
     """Train every config with every seed into ``out_dir/<method>/seed<k>`` and tabulate.
 
-    Runs that already finished (``results.json`` present) are reused, interrupted ones resume.
+    Each run folder is checked as ``train`` checks it
+    (:func:`~gpattn_ppl.run.rundir.check_run_folder`): a run with the same config is reused when
+    finished (``results.json`` present) and resumed when interrupted; a run with a different
+    config is refused, naming the keys, unless ``force`` (then it is trained afresh).
 
     :param ensemble: also report the deep ensemble of the first ``ensemble`` seeds per method.
+    :param force: retrain run folders that hold a different config instead of refusing.
+    :param plots: also draw the plots of the first seed of every method into ``out_dir/plots``
+        (:func:`~gpattn_ppl.run.plotting.plot_runs`).
     :returns: the summary rows (also written as ``results.md`` / ``results.csv``).
     """
     from .config import load_config
     from .experiment import Trainer, load_bundle
+    from .rundir import check_run_folder
 
     out_dir = Path(out_dir)
     runs: dict[str, list[dict]] = {}
+    runs_dirs: dict[str, list[Path]] = {}
     bundles: dict[str, object] = {}
     for i, config in enumerate(configs):
         method = names[i] if names else (Path(config).stem if not isinstance(config, dict)
                                          else f"config{i}")
         runs[method] = []
-        dirs = []
+        dirs = runs_dirs[method] = []
         for seed in seeds:
             run_dir = out_dir / method / f"seed{seed}"
             dirs.append(run_dir)
             ov = list(overrides or []) + [f"train.seed={seed}", f"train.progress={progress}"]
             cfg = load_config(config, ov)
-            if (run_dir / "results.json").exists():
+            action = check_run_folder(run_dir, cfg, resume=not force, force=force)
+            if action == "resume" and (run_dir / "results.json").exists():
                 runs[method].append(json.loads((run_dir / "results.json").read_text()))
                 continue
             key = json.dumps(cfg["data"], sort_keys=True)
             if key not in bundles or not bundle_cache:
                 bundles = {key: load_bundle(cfg)}  # keep one bundle in memory at a time
-            res = Trainer(cfg, run_dir, bundle=bundles[key]).fit()
+            res = Trainer(cfg, run_dir, bundle=bundles[key], resume=action == "resume",
+                          force=action == "fresh", label=f"{method}/seed{seed}").fit()
             runs[method].append(res)
         if ensemble and len(dirs) >= ensemble:
             ens = ensemble_results(dirs[:ensemble], cfg)  # the seeds share the eval section
@@ -157,4 +178,9 @@ def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str
             runs[f"{method} (ensemble of {ensemble})"] = [ens]
     rows = summarise(runs)
     write_table(rows, out_dir)
+    if plots:
+        from .plotting import plot_runs
+
+        methods = list(runs_dirs)
+        plot_runs([runs_dirs[m][0] for m in methods], out_dir / "plots", names=methods)
     return rows

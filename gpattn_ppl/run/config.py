@@ -55,6 +55,15 @@ SCHEMA: dict[str, Any] = {
         "cache_dir": Option((str, _NONE), None), "limit_train": Option((int, _NONE), None),
         "limit_eval": Option((int, _NONE), None),
         "split_seed": Option(int, 0),
+        # options of the csv / jsonl datasets (``None``: the dataset's default)
+        "train_file": Option((str, _NONE), None), "val_file": Option((str, _NONE), None),
+        "test_file": Option((str, _NONE), None), "ood_files": Option((dict, _NONE), None),
+        "text_column": Option((str, _NONE), None), "label_column": Option((str, _NONE), None),
+        "delimiter": Option((str, _NONE), None),
+        # options of the image_folder dataset
+        "train_dir": Option((str, _NONE), None), "val_dir": Option((str, _NONE), None),
+        "test_dir": Option((str, _NONE), None), "ood_dirs": Option((dict, _NONE), None),
+        "image_size": Option((int, _NONE), None),
     },
     "train": {
         "epochs": Option(int, 50), "lr": Option(_NUM, 5e-4), "min_lr": Option(_NUM, 1e-5),
@@ -73,6 +82,7 @@ SCHEMA: dict[str, Any] = {
         "metrics": Option((list, _NONE), None),
         "average": Option(str, "probs", ("probs", "logits")),
         "ood_detectors": Option((list, _NONE), None),
+        "temperature_scaling": Option(bool, False),
     },
 }
 

@@ -1,5 +1,12 @@
-"""Evaluation of a trained program on a dataset bundle: test-set classification metrics and, per
-OOD set, classification and detection metrics (as configured in the ``eval`` section)."""
+r"""Evaluation of a trained program on a dataset bundle: test-set classification metrics and, per
+OOD set, classification and detection metrics (as configured in the ``eval`` section).
+
+With ``eval.temperature_scaling`` one temperature :math:`\tau` is fitted on the validation split
+(:func:`gpattn_ppl.metrics.fit_temperature`: NLL, LBFGS on :math:`\log\tau`) and every metric is
+reported a second time, under ``"ts"``, for the tempered predictive
+:math:`\frac1T\sum_t \mathrm{softmax}(\ell_t/\tau)`: for stochastic units the temperature
+scales each pass's logits before the passes are averaged.
+"""
 
 from __future__ import annotations
 
@@ -8,49 +15,85 @@ import warnings
 import torch
 
 from ..infer import PyroProgram, predict
-from ..metrics import classification_report
+from ..metrics import apply_temperature, classification_report, fit_temperature
+from ..metrics.classification import negative_log_likelihood
 from ..ood import kl_matching_templates, ood_report
 
-__all__ = ["evaluate_model"]
+__all__ = ["evaluate_model", "evaluate_predictions", "temper"]
 
 
 def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[str] | None = None
                    ) -> dict:
     """Test-set and OOD metrics (classification on every labelled set, detection vs test).
 
-    KL-matching templates come from the validation predictions, never from test data.
+    KL-matching templates and the temperature come from the validation predictions, never from
+    test data.
 
     :param cfg: a validated config (its ``eval`` and ``data`` sections are read).
     :param ood: OOD set names (default: ``eval.ood``, else every OOD set of the bundle).
     :returns: ``{"warnings", "test", "ood": {name: {"classification", "detection"}},
-        "_predictions": {"test", "val", <ood name>...}}``.
+        ["temperature_scaling", "ts": {"test", "ood"}], "_predictions": {"test", "val", <ood
+        name>...}}``; ``classification`` is ``None`` for an OOD set without labels.
     :raises ValueError: an OOD set the bundle does not have.
     """
     e, d = cfg["eval"], cfg["data"]
-    kw = dict(num_samples=e["mc_samples"], batch_size=d["eval_batch_size"], device=device,
-              limit=d["limit_eval"])
+    kw = dict(num_samples=e["mc_samples"], batch_size=d["eval_batch_size"], device=device)
     names = ood if ood is not None else (e["ood"] if e["ood"] is not None else list(bundle.ood))
     unknown = [n for n in names if n not in bundle.ood]
     if unknown:
         raise ValueError(f"eval.ood: unknown OOD set(s) {unknown}; this dataset has: "
                          f"{', '.join(bundle.ood) or 'none'}")
-    val = predict(program, bundle.val, **kw)
-    test = predict(program, bundle.test, **kw)
+    preds = {"val": predict(program, bundle.val, **kw), "test": predict(program, bundle.test, **kw)}
+    for name in names:
+        preds[name] = predict(program, bundle.ood[name], **kw)
+    out = evaluate_predictions(preds, cfg, names)
+    out["_predictions"] = preds
+    return out
+
+
+def temper(pred: dict, temperature: float) -> dict:
+    """Predictions with every pass's logits divided by ``temperature`` (probabilities anew)."""
+    logits = apply_temperature(pred["logits"], temperature)
+    return {"logits": logits, "probs": torch.softmax(logits.double(), -1), "labels": pred["labels"]}
+
+
+def evaluate_predictions(preds: dict, cfg: dict, names: list[str]) -> dict:
+    """Metrics from per-pass predictions ``{"val", "test", <ood>...}`` (see
+    :func:`evaluate_model`); fits and applies the temperature when the config asks for it."""
+    e = cfg["eval"]
+    out = _report(preds, e, names)
+    if e["temperature_scaling"]:
+        val = preds["val"]
+        tau = fit_temperature(val["logits"], val["labels"])
+        tempered = {k: temper(p, tau) for k, p in preds.items()}
+        out["temperature_scaling"] = {
+            "temperature": tau, "fitted_on": "val",
+            "val_nll_before": negative_log_likelihood(val["probs"].mean(0), val["labels"]),
+            "val_nll_after": negative_log_likelihood(tempered["val"]["probs"].mean(0),
+                                                     val["labels"])}
+        ts = _report(tempered, e, names)
+        out["ts"] = {"test": ts["test"], "ood": ts["ood"]}
+    return out
+
+
+def _report(preds: dict, e: dict, names: list[str]) -> dict:
+    test = preds["test"]
     mean = _average(test, e["average"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        templates = kl_matching_templates(_average(val, e["average"])["probs"])
+        templates = kl_matching_templates(_average(preds["val"], e["average"])["probs"])
     out = {"warnings": [str(w.message) for w in caught],
            "test": classification_report(mean["probs"], test["labels"], logits=test["logits"],
                                          metrics=e["metrics"]),
-           "ood": {}, "_predictions": {"test": test, "val": val}}
+           "ood": {}}
     for name in names:
-        p = predict(program, bundle.ood[name], **kw)
+        p = preds[name]
         pm = _average(p, e["average"])
-        out["_predictions"][name] = p
+        labelled = bool((p["labels"] >= 0).all())
         out["ood"][name] = {
-            "classification": classification_report(pm["probs"], p["labels"], logits=p["logits"],
-                                                    metrics=e["metrics"]),
+            "classification": (classification_report(pm["probs"], p["labels"],
+                                                     logits=p["logits"], metrics=e["metrics"])
+                               if labelled else None),
             "detection": ood_report(mean["probs"], test["logits"], pm["probs"], p["logits"],
                                     detectors=e["ood_detectors"], templates=templates),
         }

@@ -1,9 +1,8 @@
 """One run: config -> data -> model -> fit -> evaluate, into a run folder.
 
-One run directory holds everything: ``config.yaml`` (resolved), ``tokenizer.json``,
-``last.pt`` (atomic, every epoch: model, optimiser, scheduler, RNG states, history),
-``best.pt`` (the model with the best *validation* score), ``log.csv`` / ``history.json`` (per
-epoch), ``results.json`` (test and OOD metrics of the best model) and ``predictions.pt``.
+One run folder holds everything (:mod:`~gpattn_ppl.run.rundir` lists the files and states the
+rule: a folder that holds a run is refused unless ``resume`` (same config only) or ``force``;
+nothing is written before that check).
 
 Exact resume: the data order of epoch ``e`` is a permutation drawn from a generator seeded with
 ``(seed, e)`` and every RNG state is saved at the end of each epoch, so a run resumed from
@@ -42,10 +41,23 @@ from ..infer import (
 from ..metrics import HIGHER_IS_BETTER, classification_report
 from .config import Config, load_config
 from .evaluate import evaluate_model
+from .output import dumps
+from .plugins import imported_plugins
+from .rundir import (
+    RunFolderError,
+    check_run_folder,
+    clear_run_files,
+    config_differences,
+    read_manifest,
+    write_json_atomic,
+)
 from .runtime import barrier, init_distributed, peak_memory_mb, seed_everything, select_device
 
-__all__ = ["VALIDATION_METRICS", "Trainer", "build_net", "evaluate_run", "load_bundle",
-           "selection_metric"]
+__all__ = ["VALIDATION_METRICS", "Trainer", "build_net", "data_sizes", "evaluate_run",
+           "load_bundle", "selection_metric"]
+
+#: the manifest format written to ``run.json``
+MANIFEST_FORMAT = 1
 
 #: the metrics of the per-epoch validation report; ``train.select_metric`` picks one of them.
 VALIDATION_METRICS = ("acc", "mcc", "nll", "ece", "brier")
@@ -64,22 +76,33 @@ class Trainer:
 
     :param config: a validated :class:`~gpattn_ppl.run.config.Config` (used as it is), or a config
         dict or YAML path (validated here, once, by :func:`~gpattn_ppl.run.config.load_config`).
-    :param run_dir: output folder; an existing ``last.pt`` there is resumed.
+    :param run_dir: output folder.
     :param overrides: ``--set`` style overrides.
     :param bundle: a pre-loaded :class:`~gpattn_ppl.data.DataBundle` (skips loading).
+    :param resume: continue the run in ``run_dir`` (its config must equal this one; its data
+        must have the same fingerprint).
+    :param force: discard a run in ``run_dir`` and start afresh.
+    :param label: the progress bar's label (default: the last two parts of ``run_dir``).
+    :raises RunFolderError: ``run_dir`` holds a run and the flags do not allow using it (see
+        :func:`~gpattn_ppl.run.rundir.check_run_folder`); raised before anything is written.
     """
 
     def __init__(self, config, run_dir: str | Path, *, overrides: list[str] | None = None,
-                 bundle=None) -> None:
+                 bundle=None, resume: bool = False, force: bool = False,
+                 label: str | None = None) -> None:
         self.cfg = _validated(config, overrides)
         self.run_dir = Path(run_dir)
+        self.action = check_run_folder(self.run_dir, self.cfg, resume=resume, force=force)
+        self.label = label or "/".join(self.run_dir.parts[-2:])
         self.rank, self.world = init_distributed()
         self.device = select_device(self.cfg["train"]["device"], self.rank)
         seed_everything(self.cfg["train"]["seed"])
         self.bundle = bundle if bundle is not None else load_bundle(self.cfg)
+        if self.action == "resume":
+            _check_same_data(self.run_dir, self.bundle)
         self.select_metric = selection_metric(self.cfg, self.bundle)
         self.net, self.warm_start, self.program = _model_and_program(
-            self.cfg, self.bundle, self.device, self.world)
+            self.cfg, self.bundle, len(self.bundle.train), self.device, self.world)
         self.num_data = len(self.bundle.train)
         t = self.cfg["train"]
         params = [p for p in self.net.parameters() if p.requires_grad]
@@ -102,11 +125,20 @@ class Trainer:
                 "rng": rng_state(), "config": self.cfg}
 
     def _write_static(self) -> None:
+        """``config.yaml``, ``run.json`` and ``encoder.json`` (after the folder check)."""
+        if self.action == "fresh":
+            clear_run_files(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.cfg, sort_keys=False))
-        tok = getattr(self.bundle, "tokenizer", None)
-        if tok is not None and hasattr(tok, "state_dict"):
-            (self.run_dir / "tokenizer.json").write_text(json.dumps(tok.state_dict()))
+        _write_text_atomic(self.run_dir / "config.yaml",
+                           yaml.safe_dump(dict(self.cfg), sort_keys=False))
+        write_json_atomic(_manifest(self.bundle), self.run_dir / "run.json")
+        write_json_atomic(self.bundle.encoder_state, self.run_dir / "encoder.json")
+
+    def _check_folder_alive(self) -> None:
+        if not (self.run_dir / "config.yaml").is_file():
+            raise RunFolderError(f"{self.run_dir}/config.yaml disappeared during training (the "
+                                 "run folder was deleted or moved); stopping rather than "
+                                 "writing a run without its config")
 
     def resume(self) -> bool:
         """Restore ``last.pt`` if the run directory has one; returns whether it did."""
@@ -114,9 +146,10 @@ class Trainer:
         if not path.exists():
             return False
         state = load_checkpoint(path, map_location=self.device)
-        if state.get("config", {}).get("model") != self.cfg["model"]:
-            raise CheckpointError(f"{path} was written for a different model config; use a new "
-                                  "--out folder")
+        diff = config_differences(state.get("config", {}), self.cfg)
+        if diff:
+            raise CheckpointError(f"{path} was written for a different config ("
+                                  + "; ".join(diff) + "); use another --out folder or --force")
         self.net.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -163,11 +196,12 @@ class Trainer:
         if self.rank == 0:
             self._write_static()
         barrier(self.world)
-        self.resume()
+        if self.action == "resume":
+            self.resume()
         t = self.cfg["train"]
         higher = HIGHER_IS_BETTER.get(self.select_metric, True)
         bar = tqdm(total=self.steps_per_epoch * t["epochs"], initial=self.steps_per_epoch * self.epoch,
-                   disable=not t["progress"] or self.rank != 0, desc=str(self.run_dir.name), leave=False)
+                   disable=not t["progress"] or self.rank != 0, desc=self.label, leave=False)
         try:
             while self.epoch < t["epochs"]:
                 start = time.perf_counter()
@@ -181,11 +215,13 @@ class Trainer:
                        **train_stats, **{f"val/{k}": v for k, v in val.items()}}
                 self.history.append(row)
                 self.epoch += 1
+                if self.rank == 0:
+                    self._check_folder_alive()
                 if better:
                     self.best = {"epoch": self.epoch, "score": score}
                     if self.rank == 0:
                         save_atomic({"model": self.net.state_dict(), "epoch": self.epoch,
-                                     "config": self.cfg}, self.run_dir / "best.pt")
+                                     "score": score, "config": self.cfg}, self.run_dir / "best.pt")
                 if self.rank == 0:
                     save_atomic(self._state(), self.run_dir / "last.pt")
                     self._write_logs()
@@ -197,18 +233,20 @@ class Trainer:
         return self.evaluate()
 
     def _write_logs(self) -> None:
-        (self.run_dir / "history.json").write_text(json.dumps(self.history, indent=1))
+        write_json_atomic(self.history, self.run_dir / "history.json")
         keys = sorted({k for row in self.history for k in row}, key=lambda k: (k != "epoch", k))
-        with open(self.run_dir / "log.csv", "w", newline="") as fh:
+        tmp = self.run_dir / ".log.csv.tmp"
+        with open(tmp, "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=keys)
             w.writeheader()
             w.writerows(self.history)
+        tmp.replace(self.run_dir / "log.csv")
 
     # -- evaluation -----------------------------------------------------------------------------
     def evaluate(self, ood: list[str] | None = None) -> dict:
         """Evaluate ``best.pt`` on test and OOD sets; writes ``results.json`` and predictions."""
         return _evaluate_best(self.run_dir, self.cfg, self.bundle, self.net, self.program,
-                              self.device, self.rank, history=self.history, best=self.best,
+                              self.device, self.rank, history=self.history,
                               select_metric=self.select_metric, warm_start=self.warm_start,
                               ood=ood)
 
@@ -228,41 +266,105 @@ def selection_metric(cfg: dict, bundle) -> str:
     return m
 
 
+#: keys of the ``data`` section handed to :func:`~gpattn_ppl.data.load_data` when set (the
+#: dataset's own options; ``None`` = the dataset's default)
+DATA_OPTIONS = ("protocol", "root", "cache_dir", "limit_train", "limit_eval", "cr_root",
+                "train_file", "val_file", "test_file", "ood_files", "text_column",
+                "label_column", "delimiter", "train_dir", "val_dir", "test_dir", "ood_dirs",
+                "image_size")
+
+
 def load_bundle(cfg: dict):
-    """The :class:`~gpattn_ppl.data.DataBundle` a config asks for."""
-    from ..data import load_data
+    """The :class:`~gpattn_ppl.data.DataBundle` a config asks for.
+
+    :raises ValueError: a ``data`` key the dataset does not take (named with its key path).
+    """
+    from ..data import DATASETS, load_data
 
     d = cfg["data"]
-    kw = {k: d[k] for k in ("protocol", "root", "cache_dir", "limit_train", "cr_root") if d[k] is not None}
-    # every random choice of the data (splits, limit_train subsets) follows data.split_seed, so
+    kw = {k: d[k] for k in DATA_OPTIONS if d.get(k) is not None}
+    spec = DATASETS.get(d["name"])
+    if spec is not None:
+        takes = {"protocol", "root", "cache_dir", "limit_train", "limit_eval", *spec.options}
+        extra = sorted(set(kw) - takes)
+        if extra:
+            raise ValueError(f"data.{extra[0]}: not an option of dataset {d['name']!r}; its "
+                             f"options: {', '.join(sorted(takes))}")
+    # every random choice of the data (splits, limit subsets) follows data.split_seed, so
     # runs that differ only in train.seed see identical data and vocabularies
     return load_data(d["name"], encoder=d["encoder"], max_len=d["max_len"],
                      seed=d["split_seed"], split_seed=d["split_seed"], **kw)
 
 
-def build_net(cfg: dict, bundle):
+def data_sizes(bundle) -> dict:
+    """What the model needs to know of the data: ``num_classes``, ``input_kind``,
+    ``vocab_size``, ``feature_dim`` (the keys of ``sizes`` in ``run.json``)."""
+    return {"num_classes": bundle.num_classes, "input_kind": bundle.input_kind,
+            "vocab_size": bundle.vocab_size, "feature_dim": bundle.feature_dim}
+
+
+def build_net(cfg: dict, sizes):
     """The classifier of the validated ``cfg['model']`` with the sizes the data decides filled
-    in (assembled without validating the section again)."""
+    in (assembled without validating the section again).
+
+    :param sizes: a :class:`~gpattn_ppl.data.DataBundle` or the :func:`data_sizes` dict.
+    """
     from ..models import assemble_model
 
-    fill = {"num_classes": bundle.num_classes}
-    if bundle.input_kind == "tokens":
-        fill["vocab_size"] = bundle.vocab_size
-    elif bundle.input_kind == "features":
-        fill["feature_dim"] = bundle.feature_dim
+    if not isinstance(sizes, dict):
+        sizes = data_sizes(sizes)
+    fill = {"num_classes": sizes["num_classes"]}
+    if sizes["input_kind"] == "tokens":
+        fill["vocab_size"] = sizes["vocab_size"]
+    elif sizes["input_kind"] == "features":
+        fill["feature_dim"] = sizes["feature_dim"]
     model = dict(cfg["model"])
-    if bundle.input_kind != "image":
+    if sizes["input_kind"] != "image":
         model["max_len"] = max(model["max_len"], cfg["data"]["max_len"])
     return assemble_model(model, **fill)
 
 
-def _model_and_program(cfg: dict, bundle, device, world: int):
+def _manifest(bundle) -> dict:
+    from .. import __version__
+
+    return {"format": MANIFEST_FORMAT, "gpattn_ppl": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "sizes": data_sizes(bundle),
+            "classes": list(bundle.classes) if bundle.classes is not None
+            else [str(k) for k in range(bundle.num_classes)],
+            "data": {"name": bundle.name, "protocol": bundle.protocol,
+                     "fingerprint": bundle.fingerprint,
+                     "split_sizes": bundle.info.get("sizes", {})},
+            "plugins": imported_plugins()}
+
+
+def _check_same_data(run_dir: Path, bundle) -> None:
+    """The data (and its encoding) a run was trained on is the data loaded now."""
+    manifest = read_manifest(run_dir)
+    saved = manifest.get("data", {}).get("fingerprint")
+    if saved != bundle.fingerprint:
+        raise RunFolderError(
+            f"{run_dir}: the data changed since this run was trained (fingerprint {saved} in "
+            f"run.json, {bundle.fingerprint} now: files edited, another split or limit); "
+            "train into another folder, or --force to retrain here")
+    enc = run_dir / "encoder.json"
+    if enc.is_file() and json.loads(enc.read_text()) != json.loads(dumps(bundle.encoder_state)):
+        raise RunFolderError(f"{run_dir}: the input encoding (vocabulary / encoder settings) "
+                             "differs from encoder.json; retrain or use another folder")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _model_and_program(cfg: dict, sizes, num_data: int, device, world: int):
     """The network on ``device`` (warm-started if ``train.init_from``), the warm-start report,
     and its Pyro program (forward through DDP when ``world > 1``)."""
     t = cfg["train"]
-    net = build_net(cfg, bundle).to(device)
+    net = build_net(cfg, sizes).to(device)
     warm_start = init_from(net, t["init_from"]) if t["init_from"] else None
-    program = PyroProgram(net, len(bundle.train), t["objective"], mode=t["mode"],
+    program = PyroProgram(net, num_data, t["objective"], mode=t["mode"],
                           total_epochs=t["epochs"])
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -273,15 +375,21 @@ def _model_and_program(cfg: dict, bundle, device, world: int):
 
 
 def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank: int, *,
-                   history: list, best: dict, select_metric: str, warm_start: dict | None,
+                   history: list, select_metric: str, warm_start: dict | None,
                    ood: list[str] | None) -> dict:
-    """Load ``best.pt`` into ``net``, evaluate, write ``results.json`` / ``predictions.pt``."""
+    """Load ``best.pt`` into ``net``, evaluate, write ``results.json``, ``predictions.pt`` and
+    (with temperature scaling) ``calibration.json``."""
     state = load_checkpoint(run_dir / "best.pt", map_location=device)
     net.load_state_dict(state["model"])
     results = evaluate_model(program, bundle, cfg, device, ood=ood)
     seconds = [r["seconds"] for r in history]
+    score = state.get("score")
+    if score is None:  # best.pt of an older version: the score is in the history
+        score = next((r.get(f"val/{select_metric}") for r in history
+                      if r["epoch"] == state["epoch"]), None)
     results["best_epoch"] = state["epoch"]
-    results["selection"] = {"metric": select_metric, "split": "val", "score": best["score"]}
+    results["eval"] = dict(cfg["eval"])  # the settings these numbers were computed with
+    results["selection"] = {"metric": select_metric, "split": "val", "score": score}
     results["cost"] = {"sec_per_epoch": sum(seconds) / max(len(seconds), 1),
                        "peak_mem_mb": peak_memory_mb(device),
                        "params": sum(p.numel() for p in net.parameters()),
@@ -291,28 +399,43 @@ def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank:
                                  "loaded": len(warm_start["loaded"])}
     preds = results.pop("_predictions")
     if rank == 0:
-        torch.save(preds, run_dir / "predictions.pt")
-        (run_dir / "results.json").write_text(json.dumps(results, indent=1))
-    return results
+        save_atomic(preds, run_dir / "predictions.pt")
+        calibration = run_dir / "calibration.json"
+        if "temperature_scaling" in results:
+            write_json_atomic(results["temperature_scaling"], calibration)
+        else:
+            calibration.unlink(missing_ok=True)
+        write_json_atomic(results, run_dir / "results.json")
+    return json.loads(dumps(results))
 
 
-def evaluate_run(run_dir: str | Path, ood: list[str] | None = None) -> dict:
-    """Re-evaluate a finished run directory (``gpattn-ppl evaluate``): its config, data, model,
-    ``best.pt`` and program; no optimiser is built. Rewrites ``results.json`` and
-    ``predictions.pt``."""
+def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
+                 overrides: list[str] | None = None) -> dict:
+    """Re-evaluate a finished run folder (``gpattn-ppl evaluate``): its config, data, model,
+    ``best.pt`` and program; no optimiser is built and ``last.pt`` is not needed. Rewrites
+    ``results.json`` and ``predictions.pt``.
+
+    :param overrides: ``--set`` overrides of the ``eval`` section only (e.g.
+        ``eval.temperature_scaling=true``, ``eval.mc_samples=20``).
+    :raises RunFolderError: not a run folder, or its data changed since training.
+    """
+    from .plugins import import_plugins
+
     run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.yaml"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = dict(load_config(cfg_path))
+    manifest = read_manifest(run_dir)
+    import_plugins(manifest.get("plugins", []))
+    bad = [o for o in overrides or [] if not o.strip().startswith("eval.")]
+    if bad:
+        raise ValueError(f"evaluate --set changes the eval section only; got {bad}")
+    cfg = dict(load_config(run_dir / "config.yaml", overrides))
     rank, world = init_distributed()
     device = select_device(cfg["train"]["device"], rank)
     seed_everything(cfg["train"]["seed"])
     bundle = load_bundle(cfg)
+    _check_same_data(run_dir, bundle)
     select_metric = selection_metric(cfg, bundle)
-    net, warm_start, program = _model_and_program(cfg, bundle, device, world)
-    state = load_checkpoint(run_dir / "last.pt") if (run_dir / "last.pt").exists() else {}
-    return _evaluate_best(run_dir, cfg, bundle, net, program, device, rank,
-                          history=state.get("history", []),
-                          best=state.get("best", {"epoch": -1, "score": None}),
+    net, warm_start, program = _model_and_program(cfg, bundle, len(bundle.train), device, world)
+    history_path = run_dir / "history.json"
+    history = json.loads(history_path.read_text()) if history_path.is_file() else []
+    return _evaluate_best(run_dir, cfg, bundle, net, program, device, rank, history=history,
                           select_metric=select_metric, warm_start=warm_start, ood=ood)

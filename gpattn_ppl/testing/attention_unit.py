@@ -34,7 +34,7 @@ __all__ = ["AttentionUnitTestCase"]
 
 
 class AttentionUnitTestCase:
-    """Inherited checks of the attention-unit contract (DESIGN §3)."""
+    """Inherited checks of the attention-unit contract (``docs/architecture.rst``)."""
 
     dim: int = 8
     heads: int = 2

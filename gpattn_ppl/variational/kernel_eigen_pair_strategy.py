@@ -54,7 +54,7 @@ class KernelEigenPairStrategy(gpytorch.Module):
     :attr:`variational_distribution`, :meth:`forward`, :meth:`kl_divergence`) and memoises
     nothing.
 
-    Initialisation [ours, METHODS §1.5]: :math:`m_d \sim \mathcal N(0, \Lambda^2)`,
+    Initialisation [ours]: :math:`m_d \sim \mathcal N(0, \Lambda^2)`,
     :math:`L_d = \Lambda` (q starts at the prior covariance, KL ≈ s²/2 per head).
 
     :param features: the layer's :class:`~gpattn_ppl.features.KernelEigenFeatures` (owns

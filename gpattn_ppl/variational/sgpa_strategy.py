@@ -1,14 +1,14 @@
 r"""SGPA variational strategies: standard (keys as inducing inputs) and orthogonally decoupled.
 
-Both are GPyTorch modules in the strategy sense of STYLE.md -- they hold the kernel and the
+Both are GPyTorch modules in gpytorch's strategy sense -- they hold the kernel and the
 variational parameters and map them to :math:`q(u)`, its prior and :math:`q(f)` -- but the
 inducing inputs change with every sequence, so neither subclasses gpytorch's
-``_VariationalStrategy`` (whose inducing points are fixed and whose memo caches would go stale,
-METHODS §3.2) and nothing is memoised. The GP algebra of one call is computed once by
+``_VariationalStrategy`` (whose inducing points are fixed and whose memo caches would go stale)
+and nothing is memoised. The GP algebra of one call is computed once by
 ``prepare`` and handed around as a small state object; the attention unit draws the Pyro sites
 in between (:class:`~gpattn_ppl.attention.sgpa.SGPAttention`).
 
-Notation (METHODS §0, §1.3-1.4; derivation in ``docs/derivations/sgpa.rst``): per batch element
+Notation (derivation in ``docs/derivations/sgpa.rst``): per batch element
 b, head h and output channel c = 1..D an independent GP :math:`f_c` on the head's key space
 with kernel :math:`\kappa` (``[H]``-batched gpytorch kernel); tokens ``[B, H, N, D]``; masks
 ``[B, N]`` (True = real token). Padded tokens are removed by the block trick: pad rows/columns
@@ -74,7 +74,7 @@ class SGPAState:
 
 
 class SGPAStrategy(gpytorch.Module):
-    r"""Standard SGPA [ours, METHODS §1.3]: the keys of the sequence are the inducing inputs.
+    r"""Standard SGPA [ours]: the keys of the sequence are the inducing inputs.
 
     Per head and channel c, with :math:`K = \kappa(k, k)` (n x n, n real tokens) and
     :math:`L = \mathrm{chol}(K + \epsilon\,\mathrm{diag}\,K)`:
@@ -108,7 +108,7 @@ class SGPAStrategy(gpytorch.Module):
     :param kernel: ``[H]``-batched :class:`~gpytorch.kernels.ScaleKernel` (registered as
         ``kernel``). :param heads: H.
     :param max_len: N_max, the longest sequence the covariance parameter covers.
-    :param mean_param: ``"dual"`` (METHODS; values are the weights of :math:`K_{kk}`) or
+    :param mean_param: ``"dual"`` (default; values are the weights of :math:`K_{kk}`) or
         ``"direct"`` (values are the inducing mean, SGPA paper's :math:`K_{qk}K_{kk}^{-1}v`).
 
     Parameter ``raw_chol`` ``[H, N_max, N_max]`` (see :func:`free_cholesky`).
@@ -250,7 +250,7 @@ class DecoupledSGPAState:
 
 
 class DecoupledSGPAStrategy(gpytorch.Module):
-    r"""Orthogonally decoupled SGPA [paper: KEP §4.1; ref; Salimbeni et al. 2018; METHODS §1.4].
+    r"""Orthogonally decoupled SGPA [paper: KEP §4.1; ref; Salimbeni et al. 2018].
 
     Two inducing sets per head: the tokens (γ, amortised: inputs :math:`q`, weights the values
     :math:`v_c`) and M global keys (β: :math:`k_\beta = Z_\beta W_{qk}^{h\top}` from
@@ -287,7 +287,7 @@ class DecoupledSGPAStrategy(gpytorch.Module):
 
     Parameters: ``inducing.inducing_inputs`` :math:`Z_\beta` ``[H, M, C]`` ~ N(0, 1) [ref];
     ``inducing_weights`` :math:`a_\beta` ``[H, M, D]`` ~ N(0, 0.1²) and ``raw_chol`` ``[H, D, M, M]``
-    (:math:`R_c = I` at init) [ours, METHODS §1.4 Init].
+    (:math:`R_c = I` at init) [ours].
     Cost: O(n² D + n M D + M³) per (b, h) for mean and KL, plus O(n³) for ``cov="full"``.
 
     >>> from gpattn_ppl.kernels import make_attention_kernel

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from gpattn_ppl.data import cifar, load_data
+from gpattn_ppl.data import cifar, encoder_from_state, load_data
 from gpattn_ppl.data.cifar import Normalize, augment, read_cifar10
 
 
@@ -112,6 +112,13 @@ def test_load_cifar10_bundle(tmp_path):
     batch = b.train.batch(torch.arange(4), train=True, generator=torch.Generator().manual_seed(0))
     assert batch.x.dtype == torch.float32 and batch.x.shape == (4, 3, 32, 32)
     assert batch.mask is None
+    assert b.classes == list(cifar.CIFAR10_CLASSES) and b.classes[3] == "cat"
+    assert b.encoder_state == {"kind": "image", "image_size": 32,
+                               "mean": list(cifar.CIFAR10_MEAN), "std": list(cifar.CIFAR10_STD)}
+    # new images through the stored encoder: the same normalised batch
+    new = encoder_from_state(b.encoder_state).dataset(b.test.x)
+    assert torch.equal(new.batch(torch.arange(3)).x, b.test.batch(torch.arange(3)).x)
+    assert new.y.tolist() == [-1] * 10
 
 
 def _crop_flip_reference(x, padding, fill):

@@ -11,7 +11,7 @@ from gpattn_ppl.data import DATASETS, DataBundle, RawData, load_data, register_d
 
 
 def test_unknown_name_protocol_encoder_kwarg():
-    with pytest.raises(ValueError, match="allowed: cifar10, cola, imdb"):
+    with pytest.raises(ValueError, match="allowed: cifar10, cola, csv, image_folder, imdb, jsonl"):
         load_data("colaa")
     with pytest.raises(ValueError, match="allowed: official, 712, sto"):
         load_data("cola", protocol="80/20")
@@ -66,11 +66,18 @@ def test_register_new_dataset_and_empty_split():
 
 
 def test_reader_modules_register_their_datasets_and_selection_metrics():
-    from gpattn_ppl.data import cifar, cola, imdb
+    from gpattn_ppl.data import cifar, cola, image_folder, imdb, tabular
 
     assert DATASETS["cola"].builder.__module__ == cola.__name__
     assert DATASETS["imdb"].builder.__module__ == imdb.__name__
     assert DATASETS["cifar10"].builder.__module__ == cifar.__name__
+    assert DATASETS["csv"].builder.__module__ == tabular.__name__
+    assert DATASETS["jsonl"].builder.__module__ == tabular.__name__
+    assert DATASETS["image_folder"].builder.__module__ == image_folder.__name__
+    assert {n: (DATASETS[n].protocols, DATASETS[n].modality)
+            for n in ("csv", "jsonl", "image_folder")} == {
+        "csv": (("given",), "text"), "jsonl": (("given",), "text"),
+        "image_folder": (("given",), "image")}
     declared = {n: s.select_metric for n, s in DATASETS.items()}
     assert declared.items() >= {"cola": "mcc", "imdb": "acc", "cifar10": "acc"}.items()
     assert load_data("cola", max_len=8, limit_train=20).select_metric == "mcc"
@@ -87,7 +94,7 @@ def test_all_is_complete():
     for name in data.__all__:
         assert hasattr(data, name), name
     for module in ("batch", "dataset", "tokenizer", "pretrained", "cola", "imdb", "cr", "cifar",
-                   "registry", "load", "splits"):
+                   "registry", "load", "splits", "tabular", "image_folder", "encoders"):
         mod = importlib.import_module(f"gpattn_ppl.data.{module}")
         public = {n for n in vars(mod) if not n.startswith("_")
                   and getattr(getattr(mod, n), "__module__", None) == mod.__name__}

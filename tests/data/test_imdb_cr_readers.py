@@ -98,6 +98,7 @@ def test_imdb_protocols_and_cr_ood(tmp_path):
     b = load_data("imdb", root=str(root))
     assert b.info["sizes"] == {"train": 9, "val": 1, "test": 10, "cr": 6}
     assert b.input_kind == "tokens" and b.num_classes == 2
+    assert b.classes == ["negative", "positive"]
     # CR goes through the tokenizer fitted on IMDB train: its words are mostly <unk>
     ids, lengths = b.tokenizer.encode(read_cr(tmp_path / "cr", ("test",))["test"][0], 64)
     assert torch.equal(b.ood["cr"].x, ids) and torch.equal(b.ood["cr"].lengths, lengths)

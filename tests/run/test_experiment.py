@@ -12,13 +12,14 @@ import yaml
 from gpattn_ppl.infer.checkpoint import CheckpointError, init_from, load_checkpoint, save_atomic
 from gpattn_ppl.run.cli import main
 from gpattn_ppl.run.experiment import Trainer, evaluate_run
+from gpattn_ppl.run.rundir import RunFolderError
 
 
 def test_fit_writes_run_directory_and_selects_on_validation(tmp_path, tiny_config):
     res = Trainer(tiny_config, tmp_path / "run").fit()
     run = tmp_path / "run"
-    for name in ("config.yaml", "tokenizer.json", "last.pt", "best.pt", "history.json", "log.csv",
-                 "results.json", "predictions.pt"):
+    for name in ("config.yaml", "run.json", "encoder.json", "last.pt", "best.pt", "history.json",
+                 "log.csv", "results.json", "predictions.pt"):
         assert (run / name).exists(), name
     hist = json.loads((run / "history.json").read_text())
     assert [h["epoch"] for h in hist] == [1, 2]
@@ -45,7 +46,7 @@ def test_resume_reproduces_the_uninterrupted_loss_sequence(tmp_path, tiny_config
     part.history.append({"epoch": 1, "seconds": 0.0})
     save_atomic(part._state(), tmp_path / "part" / "last.pt")
     torch.manual_seed(999)  # resuming must restore every RNG, whatever the process did since
-    resumed = Trainer(part_cfg, tmp_path / "part")
+    resumed = Trainer(part_cfg, tmp_path / "part", resume=True)
     assert resumed.resume() and resumed.epoch == 1
     while resumed.epoch < 3:
         resumed.train_epoch()
@@ -78,7 +79,9 @@ def test_run_killed_mid_epoch_leaves_a_resumable_checkpoint(tmp_path, tiny_confi
     state = load_checkpoint(run / "last.pt")
     assert state["epoch"] == 2
     assert not [p for p in os.listdir(run) if p.endswith(".tmp")]
-    res = Trainer(cfg_path, run).fit()
+    with pytest.raises(RunFolderError, match="use --resume"):
+        Trainer(cfg_path, run)
+    res = Trainer(cfg_path, run, resume=True).fit()
     assert json.loads((run / "history.json").read_text())[-1]["epoch"] == 4
     assert res["best_epoch"] >= 1
 
@@ -90,8 +93,17 @@ def test_corrupt_and_missing_checkpoints_are_named(tmp_path, tiny_config):
         load_checkpoint(bad)
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         load_checkpoint(tmp_path / "nope.pt")
+    tiny_config["train"]["epochs"] = 1
+    run = tmp_path / "run"
+    first = Trainer(tiny_config, run).fit()
+    (run / "last.pt").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="corrupt checkpoint"):
-        Trainer(tiny_config, tmp_path).fit()
+        Trainer(tiny_config, run, resume=True).fit()
+    # evaluation needs best.pt only: a corrupt last.pt does not stop it
+    assert evaluate_run(run)["test"] == first["test"]
+    (run / "best.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="corrupt checkpoint"):
+        evaluate_run(run)
 
 
 def test_warm_start_loads_by_name_and_fails_loudly_on_zero(tmp_path, tiny_config):
@@ -140,10 +152,20 @@ def test_cli_train_evaluate_compare(tmp_path, tiny_config, capsys):
     assert "unknown attention kind 'nope'" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "run"), "--ood", "svhn"]) == 2
     assert "unknown OOD set" in capsys.readouterr().err
+    # the run folder is never trained into with another config, and is left as it was
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()}
+    assert main(["train", "--set", "train.lr=0.1", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "train.lr: 0.002 (run) != 0.1 (now)" in err and "--force" in err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file()} == before
+    # compare checks each of its runs the same way
+    assert main(["compare", str(cfg), "--seeds", "0", "--out", str(tmp_path / "cmp"),
+                 "--no-progress", "--set", "train.epochs=2"]) == 2
+    assert "train.epochs: 1 (run) != 2 (now)" in capsys.readouterr().err
 
 
 def test_evaluate_run_requires_a_run_directory(tmp_path):
-    with pytest.raises(FileNotFoundError, match="not a run directory"):
+    with pytest.raises(RunFolderError, match="not a run folder"):
         evaluate_run(tmp_path)
 
 

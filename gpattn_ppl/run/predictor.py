@@ -1,0 +1,210 @@
+r"""Use a trained run: :func:`load_run` -> :class:`Predictor` -> per-input predictions.
+
+``load_run(run_dir)`` restores what ``train`` stored in the run folder
+(:mod:`~gpattn_ppl.run.rundir`): the config, the sizes the data decided, the input encoder
+(vocabulary or encoder settings, ``encoder.json``), the modules imported with ``--import``, the
+``best.pt`` weights and, when the run was evaluated with temperature scaling, its temperature.
+No dataset is read.
+
+For inputs :math:`x_i` and :math:`T` passes with logits :math:`\ell_{t,i}` and temperature
+:math:`\tau` (1 without temperature scaling), a prediction is
+
+.. math::
+
+    \bar p_i = \frac1T \sum_t \mathrm{softmax}(\ell_{t,i} / \tau), \quad
+    \hat y_i = \arg\max_k \bar p_{ik}, \quad \mathrm{MSP}_i = \max_k \bar p_{ik},
+
+    \mathcal H_i = -\sum_k \bar p_{ik} \log \bar p_{ik}, \quad
+    \mathrm{MI}_i = \mathcal H_i - \frac1T \sum_t \mathcal H[\mathrm{softmax}(\ell_{t,i}/\tau)]
+
+(natural logarithms; ``mutual_info`` is ``None`` for deterministic networks, which are run once).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import torch
+
+__all__ = ["Predictor", "load_run", "read_inputs"]
+
+
+class Predictor:
+    """A trained network with its input encoder, class names and temperature.
+
+    Build it with :func:`load_run`.
+
+    :ivar classes: class names in index order (``probs`` keys, ``pred`` values).
+    :ivar temperature: the fitted temperature (1.0 when the run has none or it is disabled).
+    :ivar stochastic: whether the network draws (then ``samples`` passes are averaged).
+    :ivar config: the run's validated config.
+    """
+
+    def __init__(self, program, encoder, classes: list[str], *, temperature: float,
+                 config: dict, device: torch.device, run_dir: Path) -> None:
+        self.program, self.encoder, self.classes = program, encoder, list(classes)
+        self.temperature, self.config, self.device = float(temperature), config, device
+        self.run_dir = run_dir
+        self.stochastic = bool(program.net.stochastic)
+
+    def __repr__(self) -> str:
+        return (f"Predictor({self.run_dir}, classes={self.classes}, "
+                f"temperature={self.temperature:.4g}, stochastic={self.stochastic})")
+
+    def predict_proba(self, inputs, *, samples: int | None = None, batch_size: int = 256,
+                      seed: int = 0) -> torch.Tensor:
+        """Per-pass tempered class probabilities ``[T, n, K]`` (float64, CPU).
+
+        :param inputs: texts (a list of str), or for image runs a uint8 tensor
+            ``[n, 3, H, W]`` or a list of image paths.
+        :param samples: passes ``T`` (default ``eval.mc_samples`` of the run; 1 for
+            deterministic networks).
+        :param seed: seeds the passes, so a call is reproducible (the global RNG is untouched).
+        """
+        from ..infer import predict
+
+        if isinstance(inputs, str):
+            raise TypeError("inputs must be a list of texts (got one str; wrap it in a list)")
+        if len(inputs) == 0:
+            raise ValueError("inputs is empty")
+        T = self.config["eval"]["mc_samples"] if samples is None else int(samples)
+        if T < 1:
+            raise ValueError(f"samples must be >= 1, got {T}")
+        dataset = self.encoder.dataset(inputs)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            out = predict(self.program, dataset, num_samples=T, batch_size=batch_size,
+                          device=self.device)
+        return torch.softmax(out["logits"].double() / self.temperature, -1)
+
+    def predict(self, inputs, *, samples: int | None = None, batch_size: int = 256,
+                seed: int = 0) -> list[dict]:
+        """One record per input: ``probs`` (class name -> probability), ``pred`` (class name),
+        ``entropy``, ``mutual_info`` (``None`` for deterministic networks) and ``msp``.
+
+        See :meth:`predict_proba` for the arguments.
+        """
+        p = self.predict_proba(inputs, samples=samples, batch_size=batch_size, seed=seed)
+        mean = p.mean(0)
+        entropy = -torch.special.xlogy(mean, mean).sum(-1)
+        if p.shape[0] > 1:
+            mi = (entropy + torch.special.xlogy(p, p).sum(-1).mean(0)).clamp_min(0.0)
+        else:
+            mi = None
+        msp, pred = mean.max(-1)
+        return [{"probs": {c: float(v) for c, v in zip(self.classes, mean[i].tolist())},
+                 "pred": self.classes[int(pred[i])], "entropy": float(entropy[i]),
+                 "mutual_info": None if mi is None else float(mi[i]), "msp": float(msp[i])}
+                for i in range(len(mean))]
+
+
+def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu",
+             temperature: bool = True) -> Predictor:
+    """Restore a trained run folder for prediction.
+
+    :param run_dir: a folder written by ``gpattn-ppl train`` (or
+        :class:`~gpattn_ppl.run.experiment.Trainer`).
+    :param device: where to run the network (``"auto"``: CUDA when available).
+    :param temperature: apply the run's fitted temperature (``calibration.json``) if it has one.
+    :raises RunFolderError: not a run folder, or one written by an older version.
+    :raises CheckpointError: ``best.pt`` missing or corrupt.
+    """
+    from ..data import encoder_from_state
+    from ..infer import PyroProgram, load_checkpoint
+    from .config import load_config
+    from .experiment import build_net
+    from .plugins import import_plugins
+    from .rundir import RunFolderError, read_manifest
+    from .runtime import select_device
+
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    import_plugins(manifest.get("plugins", []))
+    cfg = dict(load_config(run_dir / "config.yaml"))
+    enc_path = run_dir / "encoder.json"
+    if not enc_path.is_file():
+        raise RunFolderError(f"{run_dir} has no encoder.json; train it again")
+    encoder = encoder_from_state(json.loads(enc_path.read_text()))
+    device = select_device(device) if isinstance(device, str) else torch.device(device)
+    net = build_net(cfg, manifest["sizes"]).to(device)
+    state = load_checkpoint(run_dir / "best.pt", map_location=device)
+    net.load_state_dict(state["model"])
+    net.eval()
+    num_data = max(int(manifest["data"]["split_sizes"].get("train", 1)), 1)
+    program = PyroProgram(net, num_data, cfg["train"]["objective"], mode=cfg["train"]["mode"],
+                          total_epochs=cfg["train"]["epochs"])
+    tau = 1.0
+    cal = run_dir / "calibration.json"
+    if temperature and cal.is_file():
+        tau = float(json.loads(cal.read_text())["temperature"])
+    return Predictor(program, encoder, manifest["classes"], temperature=tau, config=cfg,
+                     device=device, run_dir=run_dir)
+
+
+def read_inputs(path: str | Path, text_column: str | None = None) -> list[str]:
+    """Texts to predict from a file: ``.txt`` (one text per line, blank lines skipped),
+    ``.csv`` / ``.tsv`` (column ``text`` or ``text_column``) or ``.jsonl`` (key ``text`` or
+    ``text_column``).
+
+    :raises FileNotFoundError: no such file.
+    :raises ValueError: an unknown extension, a missing column / key, an empty text, invalid
+        JSON or UTF-8 (the message names the file and line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--input: no such file: {path}")
+    suffix = path.suffix.lower()
+    if suffix not in (".txt", ".csv", ".tsv", ".jsonl"):
+        raise ValueError(f"--input {path}: unknown file type {suffix!r}; use .txt (one text per "
+                         "line), .csv / .tsv (a text column) or .jsonl")
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[:err.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not valid UTF-8 ({err.reason})") from None
+    column = text_column or "text"
+    if suffix == ".txt":
+        if text_column is not None:
+            raise ValueError("--text-column applies to .csv / .tsv / .jsonl inputs, not .txt")
+        texts = [line.strip() for line in raw.splitlines()]
+        return [t for t in texts if t]
+    texts = []
+    if suffix == ".jsonl":
+        for line_no, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from None
+            if not isinstance(row, dict) or column not in row:
+                raise ValueError(f"{path}:{line_no}: no key {column!r} (use --text-column)")
+            texts.append(_text(row[column], path, line_no, column))
+        return texts
+    reader = csv.reader(io.StringIO(raw, newline=""), delimiter="\t" if suffix == ".tsv" else ",")
+    header = next(reader, None)
+    if header is None:
+        raise ValueError(f"{path}: empty file (expected a header row with a {column!r} column)")
+    if column not in header:
+        raise ValueError(f"{path}:1: no column {column!r}; columns: {', '.join(header)} "
+                         "(use --text-column)")
+    col = header.index(column)
+    for row in reader:
+        line_no = reader.line_num
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise ValueError(f"{path}:{line_no}: {len(row)} fields, the header has "
+                             f"{len(header)}")
+        texts.append(_text(row[col], path, line_no, column))
+    return texts
+
+
+def _text(value, path: Path, line_no: int, column: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{path}:{line_no}: column {column!r}: empty or not a text")
+    return value

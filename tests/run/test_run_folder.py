@@ -1,0 +1,105 @@
+"""Run folders never lie: the check before any write, the differing keys named, --force."""
+
+import os
+
+import pytest
+import yaml
+
+from gpattn_ppl.run.config import load_config
+from gpattn_ppl.run.rundir import (
+    RUN_FILES,
+    RunFolderError,
+    check_run_folder,
+    clear_run_files,
+    config_differences,
+    holds_run,
+    read_manifest,
+    write_json_atomic,
+)
+
+
+def _run(folder, cfg):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(dict(cfg)))
+    return folder
+
+
+def test_new_folder_and_folder_without_run_files_are_new(tmp_path):
+    cfg = load_config({})
+    assert check_run_folder(tmp_path / "absent", cfg) == "new"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert check_run_folder(tmp_path / "other", cfg) == "new"
+    assert not holds_run(tmp_path / "other")
+
+
+def test_a_different_config_is_refused_naming_every_differing_key(tmp_path):
+    run = _run(tmp_path / "run", load_config({}))
+    new = load_config({}, ["train.lr=0.1", "data.max_len=16"])
+    for resume in (False, True):
+        with pytest.raises(RunFolderError) as err:
+            check_run_folder(run, new, resume=resume)
+        msg = str(err.value)
+        assert "train.lr: 0.0005 (run) != 0.1 (now)" in msg
+        assert "data.max_len: 64 (run) != 16 (now)" in msg and "2 keys differ" in msg
+        assert "--force" in msg
+    assert check_run_folder(run, new, force=True) == "fresh"
+
+
+def test_the_same_config_needs_resume_and_ignores_progress_and_device(tmp_path):
+    cfg = load_config({})
+    run = _run(tmp_path / "run", cfg)
+    with pytest.raises(RunFolderError, match="already holds a run with this config; use --resume"):
+        check_run_folder(run, cfg)
+    same = load_config({}, ["train.progress=false", "train.device=cpu"])
+    assert check_run_folder(run, same, resume=True) == "resume"
+    with pytest.raises(RunFolderError, match="exclude each other"):
+        check_run_folder(run, cfg, resume=True, force=True)
+
+
+def test_run_files_without_config_or_an_invalid_config_are_refused(tmp_path):
+    cfg = load_config({})
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "last.pt").write_bytes(b"x")
+    with pytest.raises(RunFolderError, match="no config.yaml"):
+        check_run_folder(tmp_path / "a", cfg, resume=True)
+    run = tmp_path / "b"
+    run.mkdir()
+    (run / "config.yaml").write_text("train: {lr: fast}\n")
+    with pytest.raises(RunFolderError, match="not valid for this version"):
+        check_run_folder(run, cfg, resume=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunFolderError, match="not a folder"):
+        check_run_folder(tmp_path / "file", cfg)
+
+
+def test_config_differences_lists_absent_keys():
+    assert config_differences({"a": {"b": 1}}, {"a": {"b": 1}}) == []
+    diff = config_differences({"a": {"b": 1}}, {"a": {"c": 2}})
+    assert diff == ["a.b: 1 (run) != '<absent>' (now)", "a.c: '<absent>' (run) != 2 (now)"]
+
+
+def test_clear_run_files_removes_only_what_a_run_wrote(tmp_path):
+    for name in RUN_FILES:
+        (tmp_path / name).write_text("x")
+    (tmp_path / ".last.pt.abc.tmp").write_text("x")
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "a.png").write_text("x")
+    (tmp_path / "mine.txt").write_text("keep")
+    clear_run_files(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["mine.txt"]
+
+
+def test_manifest_errors_and_strict_atomic_json(tmp_path):
+    with pytest.raises(RunFolderError, match="not a run folder"):
+        read_manifest(tmp_path)
+    (tmp_path / "config.yaml").write_text("{}")
+    with pytest.raises(RunFolderError, match="no run.json"):
+        read_manifest(tmp_path)
+    (tmp_path / "run.json").write_text("{broken")
+    with pytest.raises(RunFolderError, match="corrupt"):
+        read_manifest(tmp_path)
+    write_json_atomic({"x": float("nan"), "y": [float("inf"), 1.5]}, tmp_path / "run.json")
+    assert (tmp_path / "run.json").read_text() == '{\n "x": null,\n "y": [\n  null,\n  1.5\n ]\n}\n'
+    assert read_manifest(tmp_path) == {"x": None, "y": [None, 1.5]}
+    assert not list(tmp_path.glob(".*.tmp"))
