@@ -46,7 +46,7 @@ from .splits import (
     stratified_split,
     stratified_subset,
 )
-from .tabular import read_labelled_texts, resolve_path
+from .tabular import read_labelled_texts, read_texts, resolve_path
 from .tokenizer import WordTokenizer
 
 __all__ = [
@@ -89,6 +89,7 @@ __all__ = [
     "read_images",
     "read_imdb",
     "read_labelled_texts",
+    "read_texts",
     "register_dataset",
     "resolve_path",
     "seeded_permutation",

@@ -21,7 +21,7 @@ import torch
 from .registry import RawData, register_dataset
 from .splits import stratified_split
 
-__all__ = ["read_labelled_texts", "resolve_path"]
+__all__ = ["read_labelled_texts", "read_texts", "resolve_path"]
 
 _INT = re.compile(r"[+-]?\d+")
 _FORMATS = ("csv", "jsonl")
@@ -166,6 +166,30 @@ def _class_list(labels: list[str]) -> list[str]:
     if all(_INT.fullmatch(v) for v in labels):
         return [str(v) for v in sorted({int(v) for v in labels})]
     return sorted(set(labels))
+
+
+def read_texts(path: str | Path, *, fmt: str = "csv", text_column: str = "text",
+               delimiter: str = "auto") -> list[str]:
+    """The texts of a CSV/TSV or JSON-lines file, other columns ignored (inputs to predict).
+
+    :raises FileNotFoundError: no such file.
+    :raises ValueError: as :func:`read_labelled_texts`, naming the file, line and column.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    if fmt not in _FORMATS:
+        raise ValueError(f"fmt must be one of {', '.join(_FORMATS)}, got {fmt!r}")
+    if fmt == "csv":
+        texts, _, lines = _rows_csv(path, text_column, "", delimiter, False)
+    else:
+        texts, _, lines = _rows_jsonl(path, text_column, "", False)
+    if not texts:
+        raise ValueError(f"{path}: no examples (empty file)")
+    for text, line in zip(texts, lines):
+        if not text.strip():
+            raise ValueError(f"{path}, line {line}, column {text_column!r}: the text is empty")
+    return texts
 
 
 def read_labelled_texts(path: str | Path, *, fmt: str = "csv", text_column: str = "text",

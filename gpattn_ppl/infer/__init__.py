@@ -9,6 +9,7 @@
 
 from .checkpoint import (
     CheckpointError,
+    atomic_write,
     init_from,
     load_checkpoint,
     rng_state,
@@ -19,6 +20,6 @@ from .fit import epoch_clock, fit_epoch, lr_lambda
 from .predictive import predict
 from .program import PyroProgram
 
-__all__ = ["CheckpointError", "PyroProgram", "epoch_clock", "fit_epoch", "init_from",
+__all__ = ["CheckpointError", "PyroProgram", "atomic_write", "epoch_clock", "fit_epoch", "init_from",
            "load_checkpoint", "lr_lambda", "predict", "rng_state", "save_atomic",
            "set_rng_state"]

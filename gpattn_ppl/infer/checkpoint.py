@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import torch
 
-__all__ = ["CheckpointError", "save_atomic", "load_checkpoint", "rng_state", "set_rng_state",
+__all__ = ["CheckpointError", "atomic_write", "save_atomic", "load_checkpoint", "rng_state", "set_rng_state",
            "init_from"]
 
 
@@ -18,18 +20,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupt or does not match the model."""
 
 
-def save_atomic(obj, path: str | Path) -> Path:
-    """``torch.save`` to a temporary file in the same folder, fsync, then ``os.replace``.
-
-    A process killed at any moment leaves either the previous file or the new one, never a
-    partial file.
-    """
+def atomic_write(path: str | Path, write: Callable[[IO], None], *, binary: bool = True) -> Path:
+    """Call ``write(fh)`` on a temporary file in the same folder, fsync, then ``os.replace`` it
+    onto ``path``: a process killed at any moment leaves the previous file or the new one,
+    never a partial file (and no temporary file on an exception)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as fh:
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -38,6 +38,11 @@ def save_atomic(obj, path: str | Path) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def save_atomic(obj, path: str | Path) -> Path:
+    """``torch.save`` through :func:`atomic_write`."""
+    return atomic_write(path, lambda fh: torch.save(obj, fh))
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:

@@ -28,6 +28,7 @@ import yaml
 from ..infer import (
     CheckpointError,
     PyroProgram,
+    atomic_write,
     epoch_clock,
     fit_epoch,
     init_from,
@@ -129,8 +130,8 @@ class Trainer:
         if self.action == "fresh":
             clear_run_files(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _write_text_atomic(self.run_dir / "config.yaml",
-                           yaml.safe_dump(dict(self.cfg), sort_keys=False))
+        text = yaml.safe_dump(dict(self.cfg), sort_keys=False)
+        atomic_write(self.run_dir / "config.yaml", lambda fh: fh.write(text), binary=False)
         write_json_atomic(_manifest(self.bundle), self.run_dir / "run.json")
         write_json_atomic(self.bundle.encoder_state, self.run_dir / "encoder.json")
 
@@ -235,12 +236,13 @@ class Trainer:
     def _write_logs(self) -> None:
         write_json_atomic(self.history, self.run_dir / "history.json")
         keys = sorted({k for row in self.history for k in row}, key=lambda k: (k != "epoch", k))
-        tmp = self.run_dir / ".log.csv.tmp"
-        with open(tmp, "w", newline="") as fh:
+
+        def write(fh):
             w = csv.DictWriter(fh, fieldnames=keys)
             w.writeheader()
             w.writerows(self.history)
-        tmp.replace(self.run_dir / "log.csv")
+
+        atomic_write(self.run_dir / "log.csv", write, binary=False)
 
     # -- evaluation -----------------------------------------------------------------------------
     def evaluate(self, ood: list[str] | None = None) -> dict:
@@ -350,12 +352,6 @@ def _check_same_data(run_dir: Path, bundle) -> None:
     if enc.is_file() and json.loads(enc.read_text()) != json.loads(dumps(bundle.encoder_state)):
         raise RunFolderError(f"{run_dir}: the input encoding (vocabulary / encoder settings) "
                              "differs from encoder.json; retrain or use another folder")
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _model_and_program(cfg: dict, sizes, num_data: int, device, world: int):

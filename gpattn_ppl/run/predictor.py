@@ -22,8 +22,6 @@ For inputs :math:`x_i` and :math:`T` passes with logits :math:`\ell_{t,i}` and t
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -147,13 +145,15 @@ def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu",
 
 def read_inputs(path: str | Path, text_column: str | None = None) -> list[str]:
     """Texts to predict from a file: ``.txt`` (one text per line, blank lines skipped),
-    ``.csv`` / ``.tsv`` (column ``text`` or ``text_column``) or ``.jsonl`` (key ``text`` or
-    ``text_column``).
+    ``.csv`` / ``.tsv`` (column ``text`` or ``text_column``; other columns ignored) or
+    ``.jsonl`` (key ``text`` or ``text_column``), read by :func:`gpattn_ppl.data.read_texts`.
 
     :raises FileNotFoundError: no such file.
     :raises ValueError: an unknown extension, a missing column / key, an empty text, invalid
         JSON or UTF-8 (the message names the file and line).
     """
+    from ..data import read_texts
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"--input: no such file: {path}")
@@ -161,50 +161,14 @@ def read_inputs(path: str | Path, text_column: str | None = None) -> list[str]:
     if suffix not in (".txt", ".csv", ".tsv", ".jsonl"):
         raise ValueError(f"--input {path}: unknown file type {suffix!r}; use .txt (one text per "
                          "line), .csv / .tsv (a text column) or .jsonl")
+    if suffix != ".txt":
+        return read_texts(path, fmt="jsonl" if suffix == ".jsonl" else "csv",
+                          text_column=text_column or "text")
+    if text_column is not None:
+        raise ValueError("--text-column applies to .csv / .tsv / .jsonl inputs, not .txt")
     try:
         raw = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         line = path.read_bytes()[:err.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: not valid UTF-8 ({err.reason})") from None
-    column = text_column or "text"
-    if suffix == ".txt":
-        if text_column is not None:
-            raise ValueError("--text-column applies to .csv / .tsv / .jsonl inputs, not .txt")
-        texts = [line.strip() for line in raw.splitlines()]
-        return [t for t in texts if t]
-    texts = []
-    if suffix == ".jsonl":
-        for line_no, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from None
-            if not isinstance(row, dict) or column not in row:
-                raise ValueError(f"{path}:{line_no}: no key {column!r} (use --text-column)")
-            texts.append(_text(row[column], path, line_no, column))
-        return texts
-    reader = csv.reader(io.StringIO(raw, newline=""), delimiter="\t" if suffix == ".tsv" else ",")
-    header = next(reader, None)
-    if header is None:
-        raise ValueError(f"{path}: empty file (expected a header row with a {column!r} column)")
-    if column not in header:
-        raise ValueError(f"{path}:1: no column {column!r}; columns: {', '.join(header)} "
-                         "(use --text-column)")
-    col = header.index(column)
-    for row in reader:
-        line_no = reader.line_num
-        if not row:
-            continue
-        if len(row) != len(header):
-            raise ValueError(f"{path}:{line_no}: {len(row)} fields, the header has "
-                             f"{len(header)}")
-        texts.append(_text(row[col], path, line_no, column))
-    return texts
-
-
-def _text(value, path: Path, line_no: int, column: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{path}:{line_no}: column {column!r}: empty or not a text")
-    return value
+        raise ValueError(f"{path}, line {line}: not valid UTF-8 ({err.reason})") from None
+    return [t for t in (line.strip() for line in raw.splitlines()) if t]

@@ -29,8 +29,6 @@ removed first). Nothing is written before the check.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -163,19 +161,10 @@ def read_manifest(run_dir: str | Path) -> dict:
 
 
 def write_json_atomic(obj: Any, path: str | Path) -> Path:
-    """Write strict JSON (``NaN`` / infinities become ``null``) to a temporary file beside
-    ``path``, then ``os.replace`` it: a reader never sees a partial file."""
+    """Write strict JSON (``NaN`` / infinities become ``null``) atomically
+    (:func:`~gpattn_ppl.infer.checkpoint.atomic_write`): a reader never sees a partial file."""
+    from ..infer import atomic_write
     from .output import dumps
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(dumps(obj) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    text = dumps(obj) + "\n"
+    return atomic_write(path, lambda fh: fh.write(text), binary=False)

@@ -28,11 +28,11 @@ def test_read_inputs_formats(tmp_path):
 
 
 @pytest.mark.parametrize("name, content, message", [
-    ("b.csv", "id,text\n1,ok\n2\n", r"b.csv:3: 1 fields, the header has 2"),
-    ("c.csv", "id,sentence\n1,ok\n", r"c.csv:1: no column 'text'; columns: id, sentence"),
-    ("d.csv", "id,text\n1,ok\n2,  \n", r"d.csv:3: column 'text': empty"),
-    ("e.jsonl", '{"text": "a"}\n{"text": \n', r"e.jsonl:2: invalid JSON"),
-    ("f.jsonl", '{"text": "a"}\n{"txt": "b"}\n', r"f.jsonl:2: no key 'text'"),
+    ("b.csv", "id,text\n1,ok\n2\n", r"b.csv, line 3: expected 2 fields"),
+    ("c.csv", "id,sentence\n1,ok\n", r"c.csv, line 1: no column 'text' in the header"),
+    ("d.csv", "id,text\n1,ok\n2,  \n", r"d.csv, line 3, column 'text': the text is empty"),
+    ("e.jsonl", '{"text": "a"}\n{"text": \n', r"e.jsonl, line 2: invalid JSON"),
+    ("f.jsonl", '{"text": "a"}\n{"txt": "b"}\n', r"f.jsonl, line 2: no key 'text'"),
     ("g.json", "[]", r"unknown file type '.json'"),
     ("h.csv", "", r"h.csv: empty file"),
 ])
@@ -44,7 +44,7 @@ def test_read_inputs_errors_name_file_and_line(tmp_path, name, content, message)
 
 def test_read_inputs_bad_utf8_and_missing_file(tmp_path):
     (tmp_path / "x.txt").write_bytes(b"fine\nbad \xff byte\n")
-    with pytest.raises(ValueError, match=r"x.txt:2: not valid UTF-8"):
+    with pytest.raises(ValueError, match=r"x.txt, line 2: not valid UTF-8"):
         read_inputs(tmp_path / "x.txt")
     with pytest.raises(FileNotFoundError, match="no such file"):
         read_inputs(tmp_path / "none.txt")
