@@ -1,4 +1,4 @@
-r"""Evaluation metrics, computed once over the whole evaluation set (METHODS 4.1).
+r"""Evaluation metrics, computed once over the whole evaluation set (``docs/metrics.rst``).
 
 Every function takes class probabilities ``[n, K]`` (one pass, ``T = 1``) or ``[T, n, K]``
 (``T`` stochastic passes, averaged first: :math:`\bar p_i = \frac1T\sum_t p_{t,i}`), integer

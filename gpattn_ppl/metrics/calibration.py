@@ -1,6 +1,6 @@
 r"""Top-label calibration error (ECE, MCE) with 15 equal-width bins.
 
-Definition (METHODS 4.1). With :math:`\bar p_i` the model-averaged probabilities,
+Definition (``docs/metrics.rst``). With :math:`\bar p_i` the model-averaged probabilities,
 :math:`\mathrm{conf}_i = \max_k \bar p_{ik}` and :math:`c_i = \mathbb{1}[\hat y_i = y_i]`, bin
 :math:`m \in \{1, \dots, M\}` holds the samples with
 

@@ -44,7 +44,7 @@ def accuracy(probs, labels) -> float:
 def matthews_corrcoef(probs, labels) -> float:
     r"""Matthews correlation coefficient from the global confusion counts (the CoLA score).
 
-    For ``K = 2`` (class 1 = positive) this is the binary coefficient (METHODS 4.1)
+    For ``K = 2`` (class 1 = positive) this is the binary coefficient
 
     .. math::
 

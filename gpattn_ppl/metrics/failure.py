@@ -1,6 +1,6 @@
 r"""Failure (misclassification) prediction from the top-label confidence.
 
-Definition (METHODS 4.1). The score is :math:`\mathrm{conf}_i = \max_k \bar p_{ik}` and the
+Definition (``docs/metrics.rst``). The score is :math:`\mathrm{conf}_i = \max_k \bar p_{ik}` and the
 "positive" event is a correct prediction :math:`c_i = 1[\hat y_i = y_i]`:
 
 * **AUROC**: area under the ROC curve of ``conf`` for ``c`` (ties count 1/2),

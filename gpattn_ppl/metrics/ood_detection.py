@@ -1,6 +1,6 @@
 r"""Out-of-distribution detection metrics on the labelled union of ID and OOD scores.
 
-Definition (METHODS 4.1). In-distribution samples are the **positives**; the score
+Definition (``docs/metrics.rst``). In-distribution samples are the **positives**; the score
 :math:`s` is higher for "more in-distribution" (see :func:`gpattn_ppl.ood.ood_score`). On the
 union of the ``n_in`` ID and ``n_out`` OOD samples:
 

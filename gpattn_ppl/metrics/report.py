@@ -1,6 +1,6 @@
 r"""One entry point for classification evaluation: :func:`classification_report`.
 
-It follows METHODS 4.1 (as :func:`gpattn_ppl.ood.ood_report` does for OOD detection):
+It follows the protocol of ``docs/metrics.rst`` (as :func:`gpattn_ppl.ood.ood_report` does for OOD detection):
 probabilities of ``T`` passes are averaged first (Bayesian model average :math:`\bar p_i = \frac1T \sum_t p_{t,i}`; ``average="logits"`` uses
 :math:`\mathrm{softmax}(\frac1T \sum_t \ell_{t,i})` instead, as KEP-SVGP does), and every metric is
 computed once over the whole evaluation set, in float64, returned as a Python ``float``.
@@ -92,7 +92,7 @@ _CLASSIFICATION = (
     "mutual_info",
     "pred_std",
 )
-# names used in experiment configs (DESIGN.md) -> canonical name; the result keeps the alias
+# names used in experiment configs -> canonical name; the result keeps the alias
 _ALIASES = {"auroc": "fail_auroc", "fpr95": "fail_fpr95", "accuracy": "acc"}
 
 

@@ -1,6 +1,6 @@
 r"""Selective prediction: risk-coverage curve, AURC and E-AURC.
 
-Definition (METHODS 4.1). Sort the samples by confidence :math:`\mathrm{conf}_i = \max_k \bar
+Definition (``docs/metrics.rst``). Sort the samples by confidence :math:`\mathrm{conf}_i = \max_k \bar
 p_{ik}` in descending order with a **stable** sort, so that ties keep their index order (the
 sample that comes first in the evaluation set is accepted first). With :math:`c_{(j)}` the
 correctness of the :math:`j`-th sample in that order,

@@ -1,6 +1,6 @@
 """The model spec: its schema, the schema machinery, and validation against the attention registry.
 
-A model spec is the ``model`` section of an experiment config (DESIGN §4). :func:`validate_model_spec`
+A model spec is the ``model`` section of an experiment config. :func:`validate_model_spec`
 fills in defaults and checks every key path, type and attention option (each option's value
 against the type annotation of its unit's constructor, :func:`check_value`); errors are
 :class:`ConfigError` naming the key path and the allowed values.

@@ -119,8 +119,8 @@ def check_run_folder(run_dir: str | Path, cfg: dict, *, resume: bool = False,
     diff = config_differences(_saved_config(run_dir), dict(cfg))
     if diff:
         raise RunFolderError(
-            f"{run_dir} holds a run with a different config ({len(diff)} key"
-            f"{'s' if len(diff) > 1 else ''} differ):\n  " + "\n  ".join(diff)
+            f"{run_dir} holds a run with a different config ({len(diff)} "
+            f"{'keys differ' if len(diff) > 1 else 'key differs'}):\n  " + "\n  ".join(diff)
             + "\nuse another --out folder, or --force to discard that run and start afresh")
     if not resume:
         raise RunFolderError(f"{run_dir} already holds a run with this config; use --resume to "

@@ -1,4 +1,4 @@
-"""CGPT: the inherited unit contract plus brute-force checks of the CGP algebra (METHODS §2)."""
+"""CGPT: the inherited unit contract plus brute-force checks of the CGP algebra."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""SCGPT: the inherited unit contract plus brute-force checks of the DTC algebra (METHODS §2)."""
+"""SCGPT: the inherited unit contract plus brute-force checks of the DTC algebra."""
 
 import pytest
 import torch

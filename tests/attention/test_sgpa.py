@@ -128,7 +128,7 @@ def test_standard_matches_naive_reference():
 
 # -- decoupled: references -------------------------------------------------------------------------
 def test_decoupled_matches_naive_reference_with_per_head_inducing_keys():
-    """Each head projects its inducing keys with ITS OWN rows of W_qk (METHODS §1.4 pitfall)."""
+    """Each head projects its inducing keys with ITS OWN rows of W_qk (a pitfall of the reference code)."""
     unit = _unit("decoupled", num_inducing=3).eval()
     with torch.no_grad():
         unit.strategy.inducing_weights.normal_(0.0, 0.5)
@@ -223,7 +223,7 @@ def test_unit_sample_covariance_matches_analytic(variant, cov):
 
 
 def test_decoupled_thin_mode_draws_global_values_per_sequence():
-    """Thin mode: independent β draws per sequence (lower variance, METHODS §3.2), KL once."""
+    """Thin mode: independent β draws per sequence (lower variance), KL once."""
     unit = _unit("decoupled", num_inducing=2, cov="diag")
     _identity_out(unit)
     x = _x(B=1).expand(2, 5, 8)
@@ -287,7 +287,7 @@ def test_singular_kernel_matrix_escalation_is_bounded_then_named_error(monkeypat
 
 def test_non_finite_kernel_matrix_raises_named_error_after_bounded_escalation(monkeypatch):
     """An overflowing exponential kernel (inf entries) is never factorisable: bounded retries,
-    then the named error (no endless jitter loop, METHODS §1.4 pitfall)."""
+    then the named error (no endless jitter loop, a pitfall of the reference code)."""
     unit = _unit("standard", max_len=8)
     unit.site_prefix = "blocks.0.attn"
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """Naive SGPA references: dense matrices, ``torch.linalg.solve``, explicit loops over heads.
 
-Everything here is float64 and written from the textbook formulas (METHODS §1.3-1.4, §2), never
+Everything here is float64 and written from the textbook formulas (docs/derivations/sgpa.rst), never
 from the library's whitened algebra, so agreement is evidence.
 """
 
@@ -54,7 +54,7 @@ def standard_sgpa_reference(x, Wqk, Wv, outputscale, lengthscale, R_full, heads,
 
 
 def decoupled_sgpa_reference(q, v, k_beta, a_beta, R, kern, jitter):
-    """Decoupled SGPA of one head and sequence, textbook form (METHODS §1.4).
+    """Decoupled SGPA of one head and sequence, textbook form.
 
     ``q, v [N, D]``, ``k_beta [M, D]``, ``a_beta [M, D]``, ``R [D, M, M]``; ``kern(a, b)`` the
     dense kernel. Returns mean ``[N, D]``, covariances ``[D, N, N]``, KL_beta ``[D]``, KL_gamma

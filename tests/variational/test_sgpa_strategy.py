@@ -319,7 +319,7 @@ def test_decoupled_with_zero_token_weights_is_whitened_svgp_on_global_keys():
 
 def test_decoupled_gamma_kl_is_rkhs_norm_of_orthogonal_residual():
     r"""With an explicit feature map φ the γ term is ½‖r‖², r the least-squares residual of
-    Φ_γᵀ v_c on the columns of Φ_βᵀ (METHODS §2)."""
+    Φ_γᵀ v_c on the columns of Φ_βᵀ."""
     base = PositiveFeatureKernel(batch_shape=torch.Size([H]))
     kernel = ScaleKernel(base, batch_shape=torch.Size([H])).double()
     kernel.outputscale = torch.ones(H, dtype=torch.float64)
@@ -377,7 +377,7 @@ def test_decoupled_padding_block_trick():
 
 
 def test_strategies_have_no_stale_state():
-    """Nothing is memoised: a second input gives its own posterior (METHODS §3.2)."""
+    """Nothing is memoised: a second input gives its own posterior."""
     strat = _decoupled()
     W = _weight()
     q1, v1 = _tokens(seed=1)
