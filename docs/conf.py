@@ -105,7 +105,9 @@ sphinx_gallery_conf = {
     # execute every script, not only plot_*.py
     "filename_pattern": r"\.py$",
     "ignore_pattern": r"__init__\.py",
-    "within_subsection_order": "FileNameSortKey",
+    # tutorials in the order of their titles: "Swap an attention unit ...", "Train on your own
+    # CSV ...", "Write a new attention unit ..." (from first steps to extending the library)
+    "within_subsection_order": "ExampleTitleSortKey",
     # re-run a tutorial even when its source is unchanged: the library under it may have changed
     "run_stale_examples": True,
     "abort_on_example_error": True,
