@@ -2,12 +2,15 @@
 
 ``gpattn_ppl.load_run(run_dir)`` restores a trained run for prediction
 (:func:`gpattn_ppl.run.predictor.load_run`); it is imported on first use, so ``import
-gpattn_ppl`` stays cheap.
+gpattn_ppl`` stays cheap. Every error the library raises on purpose derives from
+:class:`~gpattn_ppl.errors.GpattnError`.
 """
+
+from .errors import DataError, GpattnError
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_run"]
+__all__ = ["DataError", "GpattnError", "__version__", "load_run"]
 
 
 def __getattr__(name: str):

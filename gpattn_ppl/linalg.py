@@ -19,12 +19,13 @@ import contextlib
 import torch
 
 from . import settings
+from .errors import GpattnError
 
 __all__ = ["CholeskyError", "block_mask", "cholesky", "cholesky_solve", "free_cholesky", "gp_precision",
            "mask_rows", "scaled_cholesky", "symmetrise", "triangular_solve"]
 
 
-class CholeskyError(RuntimeError):
+class CholeskyError(GpattnError, RuntimeError):
     """A matrix could not be factorised even after the bounded jitter escalation."""
 
 

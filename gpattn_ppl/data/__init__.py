@@ -35,7 +35,7 @@ from .encoders import (
 )
 from .image_folder import IMAGE_EXTENSIONS, read_image, read_image_folder, read_images
 from .imdb import IMDB_CLASSES, read_imdb
-from .load import TEXT_ENCODERS, DataBundle, data_fingerprint, load_data
+from .load import TEXT_ENCODERS, DataBundle, check_labels, data_fingerprint, load_data
 from .pretrained import MiniLMEncoder
 from .registry import DATASETS, DatasetSpec, RawData, register_dataset
 from .splits import (
@@ -74,6 +74,7 @@ __all__ = [
     "WordTokenizer",
     "augment",
     "bundled_cola_root",
+    "check_labels",
     "cut",
     "data_fingerprint",
     "decode_jpeg_array",

@@ -8,6 +8,7 @@ import io
 import lzma
 import os
 import pickle
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import PIL
 import torch
 from PIL import Image
 
+from ..errors import DataError
 from .registry import RawData, register_dataset
 from .splits import cut, seeded_permutation
 
@@ -72,11 +74,23 @@ def _read_npz_xz(path: Path, cache_dir: Path | None) -> tuple[np.ndarray, np.nda
         cache_x, cache_y = cache_dir / f"{stem}.x.npy", cache_dir / f"{stem}.y.npy"
         if cache_x.is_file() and cache_y.is_file():
             return np.load(cache_x), np.load(cache_y)
-    with np.load(io.BytesIO(lzma.decompress(blob))) as z:
+    try:
+        raw = lzma.decompress(blob)
+    except (lzma.LZMAError, EOFError) as err:
+        raise DataError(f"{path}: not a readable .xz file, truncated or corrupt ({err}); "
+                        "download or compress it again") from None
+    try:
+        z = np.load(io.BytesIO(raw))
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise DataError(f"{path}: not an .npz archive inside the .xz ({err})") from None
+    with z:
         missing = {"jpeg", "offsets", "y"} - set(z.files)
         if missing:
-            raise ValueError(f"{path}: missing arrays {sorted(missing)} (has {z.files})")
-        x = decode_jpeg_array(z["jpeg"], z["offsets"])
+            raise DataError(f"{path}: missing arrays {sorted(missing)} (has {z.files})")
+        try:
+            x = decode_jpeg_array(z["jpeg"], z["offsets"])
+        except (OSError, ValueError) as err:
+            raise DataError(f"{path}: {err}") from None
         y = z["y"].astype(np.int64)
     if cache_x is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -94,10 +108,14 @@ def _read_batches(folder: Path, names: list[str]) -> tuple[np.ndarray, np.ndarra
         if not path.is_file():
             raise FileNotFoundError(f"CIFAR-10 batch not found: {path} (expected the python "
                                     f"pickles {', '.join(_BATCHES['train'] + _BATCHES['test'])})")
-        with open(path, "rb") as f:
-            d = pickle.load(f, encoding="bytes")  # the official format is a pickle
-        xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(d[b"labels"], dtype=np.int64))
+        try:
+            with open(path, "rb") as f:
+                d = pickle.load(f, encoding="bytes")  # the official format is a pickle
+            xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            ys.append(np.asarray(d[b"labels"], dtype=np.int64))
+        except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as err:
+            raise DataError(f"{path}: not a CIFAR-10 python batch, truncated or corrupt "
+                            f"({type(err).__name__}: {err})") from None
     return np.concatenate(xs), np.concatenate(ys)
 
 

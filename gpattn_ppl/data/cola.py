@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import DataError
+from ._files import utf8_lines
 from .registry import RawData, register_dataset
 from .splits import cut, official_split, pool, seeded_permutation
 
@@ -32,19 +34,19 @@ def bundled_cola_root() -> Path:
 
 def _read_tsv(path: Path) -> tuple[list[str], torch.Tensor]:
     texts, labels = [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line:
-                continue
-            parts = line.split("\t")
-            if len(parts) != 4 or parts[1] not in ("0", "1"):
-                raise ValueError(f"{path}:{lineno}: expected 'source<TAB>0|1<TAB>mark<TAB>"
-                                 f"sentence', got {line[:80]!r}")
-            labels.append(int(parts[1]))
-            texts.append(parts[3])
+    for lineno, line in utf8_lines(path):
+        if not line:
+            continue
+        parts = line.split("\t")
+        if len(parts) != 4 or parts[1] not in ("0", "1"):
+            got = (f"{len(parts)} tab-separated fields" if len(parts) != 4
+                   else f"label {parts[1]!r}")
+            raise DataError(f"{path}, line {lineno}: expected 'source<TAB>0|1<TAB>mark<TAB>"
+                            f"sentence', got {got}: {line[:80]!r}")
+        labels.append(int(parts[1]))
+        texts.append(parts[3])
     if not texts:
-        raise ValueError(f"{path} holds no sentences")
+        raise DataError(f"{path} holds no sentences")
     return texts, torch.tensor(labels, dtype=torch.long)
 
 
@@ -57,6 +59,8 @@ def read_cola(root: str | Path | None = None) -> dict[str, tuple[list[str], torc
     :returns: split name (keys of :data:`COLA_FILES`) -> ``(sentences, labels [n])``; labels are
         1 = acceptable, 0 = not. File order is kept.
     :raises FileNotFoundError: when a file is missing.
+    :raises DataError: a malformed line (naming the file and line: not UTF-8, not four fields,
+        a label other than 0 / 1) or a file without sentences.
     """
     folder = bundled_cola_root() if root is None else Path(root)
     out = {}

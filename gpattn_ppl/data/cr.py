@@ -6,6 +6,9 @@ from pathlib import Path
 
 import torch
 
+from ..errors import DataError
+from ._files import utf8_lines
+
 __all__ = ["read_cr"]
 
 _SPLITS = ("train", "dev", "test")
@@ -13,19 +16,17 @@ _SPLITS = ("train", "dev", "test")
 
 def _read(path: Path) -> tuple[list[str], torch.Tensor]:
     texts, labels = [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            parts = line.rsplit("\t", 1)
-            if len(parts) != 2 or parts[1].strip() not in ("0", "1"):
-                raise ValueError(f"{path}:{lineno}: expected 'sentence<TAB>0|1', "
-                                 f"got {line[:80]!r}")
-            texts.append(parts[0].strip())
-            labels.append(int(parts[1]))
+    for lineno, line in utf8_lines(path):
+        if not line.strip():
+            continue
+        parts = line.rsplit("\t", 1)
+        if len(parts) != 2 or parts[1].strip() not in ("0", "1"):
+            raise DataError(f"{path}, line {lineno}: expected 'sentence<TAB>0|1', "
+                            f"got {line[:80]!r}")
+        texts.append(parts[0].strip())
+        labels.append(int(parts[1]))
     if not texts:
-        raise ValueError(f"{path} holds no sentences")
+        raise DataError(f"{path} holds no sentences")
     return texts, torch.tensor(labels, dtype=torch.long)
 
 
@@ -40,6 +41,7 @@ def read_cr(root: str | Path,
     :param splits: which of ``"train"``, ``"dev"``, ``"test"`` to read.
     :returns: split -> ``(sentences, labels [n])``.
     :raises FileNotFoundError: when a requested file is missing.
+    :raises DataError: a malformed line (naming the file and line) or an empty file.
     """
     root = Path(root)
     out = {}

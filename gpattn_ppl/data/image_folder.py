@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..errors import DataError
 from .registry import RawData, register_dataset
 from .splits import stratified_split
 from .tabular import resolve_path
@@ -37,7 +38,7 @@ def read_image(path: str | Path, image_size: int | None = 32) -> torch.Tensor:
                 im = im.convert("RGBA")  # alpha is dropped below, as palettes need
             rgb = im.convert("RGB")
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-        raise ValueError(f"{path}: not a readable image ({type(err).__name__}: {err})") from None
+        raise DataError(f"{path}: not a readable image ({type(err).__name__}: {err})") from None
     if image_size is not None and rgb.size != (image_size, image_size):
         rgb = rgb.resize((image_size, image_size), Image.Resampling.BICUBIC)
     return torch.from_numpy(np.asarray(rgb).transpose(2, 0, 1).copy())
@@ -90,24 +91,24 @@ def read_image_folder(folder: str | Path, *, image_size: int | None = 32,
     if training:
         classes = [p.name for p in subdirs]
         if len(classes) < 2:
-            raise ValueError(f"{folder}: a training folder needs one sub-folder per class and at "
+            raise DataError(f"{folder}: a training folder needs one sub-folder per class and at "
                              f"least 2 classes, found {len(classes)} ({', '.join(classes)})")
     index = {c: i for i, c in enumerate(classes)}
     if loose and not ood:
-        raise ValueError(f"{folder}: images must lie in one sub-folder per class, found "
+        raise DataError(f"{folder}: images must lie in one sub-folder per class, found "
                          f"{len(loose)} directly in it (e.g. {loose[0].name})")
     files: list[tuple[Path, int]] = [(p, -1) for p in loose]
     for sub in subdirs:
         label = index.get(sub.name, -1)
         if label < 0 and not ood:
-            raise ValueError(f"{sub}: unknown class folder {sub.name!r}; known classes (the "
+            raise DataError(f"{sub}: unknown class folder {sub.name!r}; known classes (the "
                              f"training folder's sub-folders): {', '.join(classes)}")
         found = _images_below(sub)
         if not found and training:
-            raise ValueError(f"{sub}: class folder {sub.name!r} holds no images ({exts})")
+            raise DataError(f"{sub}: class folder {sub.name!r} holds no images ({exts})")
         files.extend((p, label) for p in found)
     if not files:
-        raise ValueError(f"{folder}: no images ({exts})")
+        raise DataError(f"{folder}: no images ({exts})")
     x = read_images([p for p, _ in files], image_size)
     return x, torch.tensor([k for _, k in files], dtype=torch.long), list(classes)
 

@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import json
-import lzma
 import re
 from pathlib import Path
 
 import torch
 
+from ..errors import DataError
+from ._files import class_label, decode_utf8, utf8_lines
 from .cr import read_cr
 from .registry import RawData, register_dataset
 from .splits import cut, official_split, pool, seeded_permutation
@@ -30,15 +31,27 @@ def _clean(text: str, strip_html: bool) -> str:
 
 
 def _read_jsonl(path: Path, strip_html: bool) -> tuple[list[str], torch.Tensor]:
-    opener = lzma.open if path.suffix == ".xz" else open
-    with opener(path, "rb") as f:
-        lines = f.read().splitlines()
     texts, labels = [], []
-    for line in lines:
-        if line.strip():
+    for lineno, line in utf8_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}, line {lineno}"
+        try:
             row = json.loads(line)
-            texts.append(_clean(row["text"], strip_html))
-            labels.append(int(row["label"]))
+        except json.JSONDecodeError as err:
+            raise DataError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object with 'text' and 'label', got "
+                            f"{type(row).__name__}")
+        for key in ("text", "label"):
+            if key not in row:
+                raise DataError(f"{where}: no key {key!r} (keys found: "
+                                f"{', '.join(map(repr, row)) or 'none'})")
+        if not isinstance(row["text"], str):
+            raise DataError(f"{where}: 'text' must be a string, got "
+                            f"{'null' if row['text'] is None else type(row['text']).__name__}")
+        texts.append(_clean(row["text"], strip_html))
+        labels.append(class_label(row["label"], f"{where}, key 'label'", len(IMDB_CLASSES)))
     return texts, torch.tensor(labels, dtype=torch.long)
 
 
@@ -55,7 +68,7 @@ def _read_folder(split_dir: Path, strip_html: bool) -> tuple[list[str], torch.Te
             if m:
                 files.append((int(m.group(1)), p))
         for _, p in sorted(files):
-            texts.append(_clean(p.read_bytes().decode("utf-8"), strip_html))
+            texts.append(_clean(decode_utf8(p, p.read_bytes()), strip_html))
             labels.append(label)
     return texts, torch.tensor(labels, dtype=torch.long)
 
@@ -77,6 +90,8 @@ def read_imdb(root: str | Path, *,
     :param strip_html: replace the ``<br />`` tags in the reviews by a space.
     :returns: ``{"train": (texts, labels [n]), "test": (texts, labels [n])}``.
     :raises FileNotFoundError: when neither layout is found under ``root``.
+    :raises DataError: naming the file and line: a truncated ``.xz``, bytes that are not UTF-8,
+        invalid JSON, a missing or non-string ``text``, a label that is not 0 or 1.
     """
     root = Path(root)
     if not root.is_dir():
@@ -98,7 +113,7 @@ def read_imdb(root: str | Path, *,
             f"JSON lines) or aclImdb/{split}/{{pos,neg}}/*.txt (the standard layout)")
     for split, (texts, _) in out.items():
         if not texts:
-            raise ValueError(f"IMDB {split} split under {root} holds no reviews")
+            raise DataError(f"IMDB {split} split under {root} holds no reviews")
     return out
 
 

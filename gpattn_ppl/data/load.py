@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -17,15 +18,16 @@ from functools import partial
 import numpy as np
 import torch
 
+from ..errors import DataError
 from .cifar import augment
 from .dataset import ArrayDataset
 from .encoders import ImageEncoder, LearnedTextEncoder, MiniLMTextEncoder
 from .pretrained import MiniLMEncoder
-from .registry import DATASETS
+from .registry import DATASETS, RawData
 from .splits import stratified_subset
 from .tokenizer import WordTokenizer
 
-__all__ = ["TEXT_ENCODERS", "DataBundle", "data_fingerprint", "load_data"]
+__all__ = ["TEXT_ENCODERS", "DataBundle", "check_labels", "data_fingerprint", "load_data"]
 
 #: text encoder -> the extra keyword arguments :func:`load_data` passes on to it.
 TEXT_ENCODERS: dict[str, tuple[str, ...]] = {
@@ -153,7 +155,8 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
         ``delimiter``; ``image_folder``: ``train_dir``, ``val_dir``, ``test_dir``, ``ood_dirs``,
         ``image_size``) and the encoder's options.
     :raises ValueError: unknown name / protocol / encoder (the message lists allowed values),
-        malformed files (naming file, line and column).
+        malformed files (a :class:`~gpattn_ppl.errors.DataError` naming file, line and column),
+        labels outside ``[0, num_classes)`` (:func:`check_labels`).
     :raises TypeError: unknown keyword arguments.
     :raises FileNotFoundError: missing files.
 
@@ -193,6 +196,7 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
                        **{k: kw[k] for k in spec.options if k in kw})
     if raw.classes is not None and len(raw.classes) != raw.num_classes:
         raise ValueError(f"{name}: {len(raw.classes)} class names for {raw.num_classes} classes")
+    check_labels(name, raw)
     splits = dict(raw.splits)
     ood = dict(raw.ood)
     if limit_train is not None:
@@ -229,6 +233,39 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
                       select_metric=spec.select_metric,
                       classes=None if raw.classes is None else [str(c) for c in raw.classes],
                       fingerprint=fingerprint, encoder_state=extra["encoder_state"])
+
+
+def check_labels(name: str, raw: RawData) -> None:
+    """Labels a model can train on: integers in ``[0, num_classes)`` in train / val / test,
+    and ``-1`` (unlabelled) or in range in the OOD sets.
+
+    :raises DataError: naming the dataset, split, example index and value.
+    """
+    try:
+        k = operator.index(raw.num_classes)
+    except TypeError:
+        k = None
+    if k is None or isinstance(raw.num_classes, bool) or k < 2:
+        raise DataError(f"{name}: num_classes must be an integer >= 2, got {raw.num_classes!r}")
+    y = torch.as_tensor(raw.y)
+    if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
+        raise DataError(f"{name}: labels must be integer class indices, got {y.dtype}")
+    if y.dim() != 1 or len(y) != len(raw.x):
+        raise DataError(f"{name}: {tuple(y.shape)} labels for {len(raw.x)} examples")
+    for split in ("train", "val", "test"):
+        idx = torch.as_tensor(raw.splits[split], dtype=torch.long)
+        bad = idx[(y[idx] < 0) | (y[idx] >= k)]
+        if len(bad):
+            i = int(bad[0])
+            raise DataError(f"{name}: label {int(y[i])} of example {i} ({split} split; "
+                            f"{len(bad)} such) is outside the classes 0..{k - 1}")
+    for key, (_, ood_y) in raw.ood.items():
+        ood_y = torch.as_tensor(ood_y)
+        bad = ((ood_y < -1) | (ood_y >= k)).nonzero().flatten()
+        if len(bad) or ood_y.is_floating_point():
+            i = int(bad[0]) if len(bad) else 0
+            raise DataError(f"{name}: OOD set {key!r}: label {ood_y[i].item()} of example {i} is "
+                            f"neither -1 (unlabelled) nor a class 0..{k - 1}")
 
 
 def _limit(index: torch.Tensor, y: torch.Tensor, size: int, seed: int) -> torch.Tensor:

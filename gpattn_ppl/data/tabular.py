@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import DataError
 from .registry import RawData, register_dataset
 from .splits import stratified_split
 
@@ -54,7 +55,7 @@ def _decode(path: Path) -> str:
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         col = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise ValueError(f"{path}, line {line}: not valid UTF-8 (byte 0x{data[err.start]:02x} at "
+        raise DataError(f"{path}, line {line}: not valid UTF-8 (byte 0x{data[err.start]:02x} at "
                          f"byte column {col}); save the file as UTF-8") from None
 
 
@@ -71,7 +72,7 @@ def _delimiter(path: Path, text: str, delimiter: str) -> str:
     try:
         return csv.Sniffer().sniff(text[:_SNIFF_BYTES], delimiters=",\t;|").delimiter
     except csv.Error:
-        raise ValueError(f"{path}: cannot detect the delimiter (not .csv or .tsv); set "
+        raise DataError(f"{path}: cannot detect the delimiter (not .csv or .tsv); set "
                          "data.delimiter to it") from None
 
 
@@ -89,30 +90,30 @@ def _rows_csv(path: Path, text_column: str, label_column: str, delimiter: str,
         except StopIteration:
             break
         except csv.Error as err:
-            raise ValueError(f"{path}, line {start}: malformed row ({err})") from None
+            raise DataError(f"{path}, line {start}: malformed row ({err})") from None
         if not row or (len(row) == 1 and not row[0].strip()):
             continue  # blank line
         if header is None:
             header = [c.strip() for c in row]
             found = ", ".join(repr(c) for c in header)
             if text_column not in header:
-                raise ValueError(f"{path}, line {start}: no column {text_column!r} in the header "
+                raise DataError(f"{path}, line {start}: no column {text_column!r} in the header "
                                  f"(columns found: {found}); set data.text_column")
             if need_label and label_column not in header:
-                raise ValueError(f"{path}, line {start}: no column {label_column!r} in the header "
+                raise DataError(f"{path}, line {start}: no column {label_column!r} in the header "
                                  f"(columns found: {found}); set data.label_column")
             t_col = header.index(text_column)
             l_col = header.index(label_column) if label_column in header else None
             continue
         if len(row) != len(header):
-            raise ValueError(f"{path}, line {start}: expected {len(header)} fields (columns: "
+            raise DataError(f"{path}, line {start}: expected {len(header)} fields (columns: "
                              f"{', '.join(header)}), got {len(row)}; quote fields that contain "
                              "the delimiter")
         texts.append(row[t_col])
         labels.append(None if l_col is None else row[l_col])
         lines.append(start)
     if header is None:
-        raise ValueError(f"{path}: empty file (no header row, no examples)")
+        raise DataError(f"{path}: empty file (no header row, no examples)")
     return texts, labels, lines
 
 
@@ -126,20 +127,20 @@ def _rows_jsonl(path: Path, text_column: str, label_column: str,
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}, line {lineno}: invalid JSON ({err.msg} at column "
+            raise DataError(f"{path}, line {lineno}: invalid JSON ({err.msg} at column "
                              f"{err.colno})") from None
         if not isinstance(obj, dict):
-            raise ValueError(f"{path}, line {lineno}: expected a JSON object, got "
+            raise DataError(f"{path}, line {lineno}: expected a JSON object, got "
                              f"{type(obj).__name__}")
         found = ", ".join(repr(k) for k in obj)
         if text_column not in obj:
-            raise ValueError(f"{path}, line {lineno}: no key {text_column!r} (keys found: "
+            raise DataError(f"{path}, line {lineno}: no key {text_column!r} (keys found: "
                              f"{found}); set data.text_column")
         if need_label and label_column not in obj:
-            raise ValueError(f"{path}, line {lineno}: no key {label_column!r} (keys found: "
+            raise DataError(f"{path}, line {lineno}: no key {label_column!r} (keys found: "
                              f"{found}); set data.label_column")
         if not isinstance(obj[text_column], str):
-            raise ValueError(f"{path}, line {lineno}, column {text_column!r}: the text must be a "
+            raise DataError(f"{path}, line {lineno}, column {text_column!r}: the text must be a "
                              f"string, got {type(obj[text_column]).__name__}")
         texts.append(obj[text_column])
         labels.append(obj.get(label_column))
@@ -152,7 +153,7 @@ def _label_string(value, where: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ValueError(f"{where}: a label must be a string or an integer, got {value!r}")
+        raise DataError(f"{where}: a label must be a string or an integer, got {value!r}")
     value = str(value).strip()
     return value or None
 
@@ -185,10 +186,10 @@ def read_texts(path: str | Path, *, fmt: str = "csv", text_column: str = "text",
     else:
         texts, _, lines = _rows_jsonl(path, text_column, "", False)
     if not texts:
-        raise ValueError(f"{path}: no examples (empty file)")
+        raise DataError(f"{path}: no examples (empty file)")
     for text, line in zip(texts, lines):
         if not text.strip():
-            raise ValueError(f"{path}, line {line}, column {text_column!r}: the text is empty")
+            raise DataError(f"{path}, line {line}, column {text_column!r}: the text is empty")
     return texts
 
 
@@ -223,21 +224,21 @@ def read_labelled_texts(path: str | Path, *, fmt: str = "csv", text_column: str 
     else:
         texts, raw, lines = _rows_jsonl(path, text_column, label_column, need_label)
     if not texts:
-        raise ValueError(f"{path}: no examples (empty file)")
+        raise DataError(f"{path}: no examples (empty file)")
     for text, line in zip(texts, lines):
         if not text.strip():
-            raise ValueError(f"{path}, line {line}, column {text_column!r}: the text is empty")
+            raise DataError(f"{path}, line {line}, column {text_column!r}: the text is empty")
     strings = []
     for value, line in zip(raw, lines):
         where = f"{path}, line {line}, column {label_column!r}"
         label = _label_string(value, where)
         if label is None and not ood:
-            raise ValueError(f"{where}: the label is empty")
+            raise DataError(f"{where}: the label is empty")
         strings.append(label)
     if classes is None:
         classes = _class_list(strings)
         if len(classes) < 2:
-            raise ValueError(f"{path}: a training file needs at least 2 classes in column "
+            raise DataError(f"{path}: a training file needs at least 2 classes in column "
                              f"{label_column!r}, found {len(classes)} ({', '.join(classes)})")
     classes = [str(c) for c in classes]
     numeric = all(_INT.fullmatch(c) for c in classes)
@@ -248,7 +249,7 @@ def read_labelled_texts(path: str | Path, *, fmt: str = "csv", text_column: str 
             continue
         k = index.get(_canonical(label, numeric))
         if k is None and not ood:
-            raise ValueError(f"{path}, line {line}, column {label_column!r}: unknown label "
+            raise DataError(f"{path}, line {line}, column {label_column!r}: unknown label "
                              f"{label!r}; known classes (from the training file): "
                              f"{', '.join(classes)}")
         labels[i] = -1 if k is None else k

@@ -12,11 +12,13 @@ from typing import IO
 import numpy as np
 import torch
 
+from ..errors import GpattnError
+
 __all__ = ["CheckpointError", "atomic_write", "save_atomic", "load_checkpoint", "rng_state", "set_rng_state",
            "init_from"]
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(GpattnError, RuntimeError):
     """A checkpoint is missing, corrupt or does not match the model."""
 
 

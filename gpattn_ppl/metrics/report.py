@@ -95,6 +95,10 @@ _CLASSIFICATION = (
 # names used in experiment configs -> canonical name; the result keeps the alias
 _ALIASES = {"auroc": "fail_auroc", "fpr95": "fail_fpr95", "accuracy": "acc"}
 
+#: every name :func:`classification_report` accepts in ``metrics`` (the metrics, then the
+#: aliases), as checked for ``eval.metrics`` of an experiment config.
+CONFIG_METRICS: tuple[str, ...] = (*_CLASSIFICATION, *_ALIASES)
+
 
 def classification_report(
     probs,

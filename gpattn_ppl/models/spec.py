@@ -12,6 +12,7 @@ against the type annotation of its unit's constructor, :func:`check_value`); err
 from __future__ import annotations
 
 import copy
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -20,55 +21,129 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from ..errors import GpattnError
+
 __all__ = ["ConfigError", "MODEL_SCHEMA", "Option", "check_model", "check_section", "check_value",
            "read_yaml_mapping", "validate_model_spec"]
 
 
-class ConfigError(ValueError):
+class ConfigError(GpattnError, ValueError):
     """An invalid configuration; the message names the key path."""
 
 
 def read_yaml_mapping(path: str | Path) -> dict:
-    """The top-level mapping of a YAML file (empty file: ``{}``).
+    """The top-level mapping of a YAML file.
 
-    :raises FileNotFoundError: no such file. :raises ConfigError: the top level is not a mapping.
+    :raises FileNotFoundError: no such file.
+    :raises ConfigError: naming the file: not UTF-8, invalid YAML (with its line and column),
+        empty, or a top level that is not a mapping.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{path}, line {line}: not valid UTF-8 (byte "
+                          f"0x{data[err.start]:02x}); save the file as UTF-8") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: {_yaml_problem(err)}") from None
+    if raw is None:
+        raise ConfigError(f"{path}: the file is empty (no settings); write '{{}}' for every "
+                          "default")
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
+        raise ConfigError(f"{path}: the top level must be a mapping of the sections model, data, "
+                          f"train, eval; got {type(raw).__name__}")
     return raw
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """``"line L, column C: invalid YAML (<problem>)"`` of a PyYAML error (1-based position)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}invalid YAML ({problem})"
+
+
 class Option:
-    """A leaf of a schema: accepted types, default, optional choices.
+    """A leaf of a schema: accepted types, default, optional choices and range.
 
     :param free: the value is a mapping / list checked by its own rules (not key by key).
+    :param low: smallest allowed number (``None``: unbounded); ``low_open``: excluded itself.
+    :param high: largest allowed number (``None``: unbounded); ``high_open``: excluded itself.
+    :param check: ``check(value, where)`` raising :class:`ConfigError` for a value of the right
+        type that is still not allowed (called for every value but ``None``).
+
+    A number must also be finite. :meth:`allowed` words the rule for messages.
     """
 
-    def __init__(self, types, default, choices=None, free: bool = False) -> None:
+    def __init__(self, types, default, choices=None, free: bool = False, *, low=None,
+                 high=None, low_open: bool = False, high_open: bool = False,
+                 check=None) -> None:
         self.types = types if isinstance(types, tuple) else (types,)
         self.default, self.choices, self.free = default, choices, free
+        self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
+        self.check = check
+
+    @property
+    def numeric(self) -> bool:
+        """Whether the option takes a number."""
+        return int in self.types or float in self.types
+
+    def allowed(self) -> str:
+        """The allowed range in words: ``">= 1"``, ``"> 0"``, ``"in [0, 1)"``, ``"None or > 0"``."""
+        lo = None if self.low is None else (">" if self.low_open else ">=") + f" {self.low}"
+        hi = None if self.high is None else ("<" if self.high_open else "<=") + f" {self.high}"
+        if lo and hi:
+            text = (f"in {'(' if self.low_open else '['}{self.low}, {self.high}"
+                    f"{')' if self.high_open else ']'}")
+        else:
+            text = lo or hi or "a finite number"
+        return f"None or {text}" if type(None) in self.types else text
+
+    def check_range(self, value: Any, where: str) -> None:
+        """Raise :class:`ConfigError` for a number (not ``None``) outside the range."""
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}: {value!r} is not a finite number; allowed: "
+                              f"{self.allowed()}")
+        bad = False
+        if self.low is not None:
+            bad = bad or (value <= self.low if self.low_open else value < self.low)
+        if self.high is not None:
+            bad = bad or (value >= self.high if self.high_open else value > self.high)
+        if bad:
+            raise ConfigError(f"{where}: {value!r} is out of range; allowed: {self.allowed()}")
 
 
 _NUM = (int, float)
 _NONE = type(None)
 
+
+def _at_least(low, types=int, default=None, **kw) -> Option:
+    return Option(types, default, low=low, **kw)
+
+
 #: key -> :class:`Option` of the ``model`` section.
 MODEL_SCHEMA: dict[str, Option] = {
     "arch": Option(str, "text", ("text", "vit")),
-    "dim": Option(int, 128), "depth": Option(int, 2), "heads": Option(int, 4),
-    "mlp_dim": Option(int, 256), "dropout": Option(_NUM, 0.1),
-    "attn_dropout": Option(_NUM + (_NONE,), None),
+    "dim": _at_least(1, default=128), "depth": _at_least(1, default=2),
+    "heads": _at_least(1, default=4), "mlp_dim": _at_least(1, default=256),
+    "dropout": Option(_NUM, 0.1, low=0, high=1, high_open=True),
+    "attn_dropout": Option(_NUM + (_NONE,), None, low=0, high=1, high_open=True),
     "mc_dropout": Option(bool, False),
-    "max_len": Option(int, 64),
-    "image_size": Option(int, 32), "patch_size": Option(int, 4), "channels": Option(int, 3),
+    "max_len": _at_least(1, default=64),
+    "image_size": _at_least(1, default=32), "patch_size": _at_least(1, default=4),
+    "channels": _at_least(1, default=3),
     "attention": Option(dict, {"kind": "softmax"}, free=True),
     "overrides": Option(list, [], free=True),
-    "num_classes": Option((int, _NONE), None), "vocab_size": Option((int, _NONE), None),
-    "feature_dim": Option((int, _NONE), None),
+    "num_classes": _at_least(2, (int, _NONE)), "vocab_size": _at_least(2, (int, _NONE)),
+    "feature_dim": _at_least(1, (int, _NONE)),
 }
 
 
@@ -104,6 +179,9 @@ def check_section(value: Any, schema: dict, path: str) -> dict:
                               f"got {type(v).__name__} {v!r}")
         if spec.choices is not None and v not in spec.choices:
             raise ConfigError(f"{where}: {v!r} is not allowed; allowed: {', '.join(spec.choices)}")
+        spec.check_range(v, where)
+        if spec.check is not None and v is not None:
+            spec.check(v, where)
         out[key] = v
     return out
 
@@ -308,6 +386,9 @@ def check_model(model: dict) -> None:
                 raise ConfigError(f"{where}.blocks: index {b} out of range for depth "
                                   f"{model['depth']} (allowed {-model['depth']}..{model['depth'] - 1})")
         ov["attention"] = _check_attention(ov["attention"], f"{where}.attention")
+    if model["arch"] == "vit" and model["image_size"] % model["patch_size"]:
+        raise ConfigError(f"model.image_size ({model['image_size']}) must be a multiple of "
+                          f"model.patch_size ({model['patch_size']})")
     if model["dim"] % model["heads"]:
         raise ConfigError(f"model.dim ({model['dim']}) must be a multiple of model.heads "
                           f"({model['heads']})")

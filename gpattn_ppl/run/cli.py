@@ -1,7 +1,9 @@
 """Command line: ``gpattn-ppl train | evaluate | predict | plot | compare | bench | demo``.
 
 Every command prints strict JSON or Markdown; errors the user can fix (a bad config, a missing
-file, a refused run folder) print one ``gpattn-ppl <command>: error: ...`` line and exit with 2.
+or malformed file, a refused run folder) print one ``gpattn-ppl <command>: error: ...`` line and
+exit with 2; any other exception is a bug (one line saying so, exit 1). ``--debug`` shows the
+traceback instead.
 ``--set KEY.PATH=VALUE`` pairs may come before or after the positional arguments.
 """
 
@@ -64,9 +66,11 @@ def _evaluate(args) -> int:
 
 
 def _predict(args) -> int:
+    from .config import check_device
     from .output import dumps
     from .predictor import load_run, read_inputs
 
+    check_device(args.device, "predict --device")
     texts = read_inputs(args.input, args.text_column)
     predictor = load_run(args.run_dir, device=args.device, temperature=not args.no_temperature)
     records = predictor.predict(texts, samples=args.samples, batch_size=args.batch_size,
@@ -105,6 +109,13 @@ def _bench(args) -> int:
     import json
 
     from .benchmarking import bench_layers, write_json
+    from .config import check_device
+
+    check_device(args.device, "bench --device")
+    if args.device == "auto":
+        from .runtime import select_device
+
+        args.device = str(select_device("auto"))
 
     kinds = [json.loads(k) if k.startswith("{") else {"kind": k} for k in args.kinds]
     res = bench_layers(kinds, B=args.B, N=args.N, dim=args.C, heads=args.H, repeats=args.repeats,
@@ -141,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--set train.epochs=5\n  gpattn-ppl <command> --help   (help and an example per command)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"gpattn-ppl {_version()}")
+    p.add_argument("--debug", action="store_true", help="on an error, show the full traceback "
+                   "instead of one line (may also come after the command), e.g. gpattn-ppl "
+                   "--debug train cfg.yaml")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE (dotted name or path/to/file.py) first, so the datasets "
                    "and attention units it registers can be used; repeatable, e.g. --import "
@@ -171,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="OOD sets to evaluate (default: eval.ood of the run, else every OOD set "
                    "of its dataset), e.g. --ood cola_ood")
     e.add_argument("--set", action="append", default=None, metavar="eval.KEY=VALUE",
-                   help="override the eval section only, e.g. --set eval.mc_samples=20")
+                   help="override the eval section (or train.device), e.g. --set "
+                   "eval.mc_samples=20")
     e.add_argument("--no-plots", action="store_true", help="do not draw RUN_DIR/plots/*.png")
 
     r = _sub(sub, "predict", "predict new inputs with a trained run (JSON Lines: text, probs, "
@@ -278,26 +293,59 @@ def _gather_set(argv: list[str]) -> list[str]:
     return out
 
 
+def _user_error(err: BaseException) -> bool:
+    """Whether ``err`` carries a message for the user (a library error, a bad value, a file that
+    cannot be read, invalid YAML, CUDA out of memory) rather than being a bug."""
+    import yaml
+
+    from ..errors import GpattnError
+
+    return (isinstance(err, (GpattnError, ValueError, OSError, yaml.YAMLError))
+            or type(err).__name__ == "OutOfMemoryError")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``gpattn-ppl`` console script.
 
+    Errors become one ``gpattn-ppl <command>: error: <message>`` line on stderr: exit status 2
+    for a user error (a :class:`~gpattn_ppl.errors.GpattnError` such as a bad config value, a
+    malformed data file or a refused run folder; also ``ValueError``, ``OSError`` and invalid
+    YAML), 1 for anything else (a bug: the line says so), 130 when interrupted. ``--debug``
+    (anywhere on the command line) lets the error propagate with its traceback instead.
+
     :param argv: arguments (default: ``sys.argv[1:]``).
-    :returns: the exit status; 2 on a user error (bad config, missing file, refused run
-        folder, ...), whose message is printed to stderr.
+    :returns: the exit status.
     """
-    argv = _gather_set(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = _gather_set([a for a in argv if a != "--debug"])
     args = build_parser().parse_args(argv)
     if hasattr(args, "set") and args.set is None:
         args.set = []
+    prog = f"gpattn-ppl {args.command}"
     try:
         from .plugins import import_plugins, load_entry_points
 
         load_entry_points()
         import_plugins(args.imports)
         return args.fn(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
-        print(f"gpattn-ppl {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 -- the one error boundary of the command line
+        if debug:
+            raise
+        message = str(err).strip() or type(err).__name__
+        if _user_error(err):
+            print(f"{prog}: error: {message}", file=sys.stderr)
+            return 2
+        first = message.splitlines()[0]
+        print(f"{prog}: error: unexpected {type(err).__name__}: {first} (this is a bug in "
+              "gpattn-ppl; run again with --debug for the traceback and report it)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

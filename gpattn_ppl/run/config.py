@@ -14,6 +14,7 @@ A config is validated once, by :func:`load_config` / :func:`validate_config`, wh
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,14 @@ from ..models.spec import (
     MODEL_SCHEMA,
     ConfigError,
     Option,
+    _yaml_problem,
     check_model,
     check_section,
     read_yaml_mapping,
 )
 
 # ConfigError is defined in gpattn_ppl.models.spec and importable from here too
+# VALIDATION_METRICS is exported by gpattn_ppl.run.experiment, which imports it from here
 __all__ = ["Config", "SCHEMA", "load_config", "validate_config", "apply_overrides"]
 
 
@@ -44,53 +47,238 @@ class Config(dict):
 _NUM = (int, float)
 _NONE = type(None)
 
+#: the metrics of the per-epoch validation report; ``train.select_metric`` picks one of them.
+VALIDATION_METRICS = ("acc", "mcc", "nll", "ece", "brier")
+
+#: largest seed: numpy takes seeds below 2**32
+MAX_SEED = 2**32 - 1
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def _names(allowed, what: str):
+    """A check that every item of a list is a string out of ``allowed()``."""
+
+    def check(value: list, where: str) -> None:
+        names = allowed()
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ConfigError(f"{where}[{i}]: expected a {what} name (str), got "
+                                  f"{type(item).__name__} {item!r}")
+            if item not in names:
+                raise ConfigError(f"{where}[{i}]: unknown {what} {item!r}; allowed: "
+                                  f"{', '.join(names)}")
+
+    return check
+
+
+def _metric_names() -> tuple[str, ...]:
+    from ..metrics.report import CONFIG_METRICS
+
+    return CONFIG_METRICS
+
+
+def _detector_names() -> tuple[str, ...]:
+    from ..ood import SCORE_NAMES
+
+    return SCORE_NAMES
+
+
+def _check_select_metric(value: str, where: str) -> None:
+    if value != "auto" and value not in VALIDATION_METRICS:
+        raise ConfigError(f"{where}: {value!r} is not a validation metric; allowed: auto, "
+                          f"{', '.join(VALIDATION_METRICS)}")
+
+
+def _check_device(value: str, where: str) -> None:
+    if not _DEVICE.fullmatch(value):
+        raise ConfigError(f"{where}: unknown device {value!r}; allowed: auto, cpu, cuda, "
+                          "cuda:N (N = 0, 1, ...), mps")
+
+
+def _check_dataset(value: str, where: str) -> None:
+    from ..data import DATASETS
+
+    if value not in DATASETS:
+        raise ConfigError(f"{where}: unknown dataset {value!r}; allowed: "
+                          f"{', '.join(sorted(DATASETS))} (datasets of plugins need --import "
+                          "MODULE)")
+
+
+def _check_delimiter(value: str, where: str) -> None:
+    if value != "auto" and len(value) != 1:
+        raise ConfigError(f"{where}: {value!r} is not allowed; allowed: auto or one character")
+
+
+def _check_ood_sets(value: list, where: str) -> None:
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise ConfigError(f"{where}[{i}]: expected an OOD set name (str), got "
+                              f"{type(item).__name__} {item!r}")
+
+
+def _seed(default: int = 0) -> Option:
+    return Option(int, default, low=0, high=MAX_SEED)
+
+
+def _positive(types=int, default=None) -> Option:
+    return Option(types, default, low=1)
+
+
 SCHEMA: dict[str, Any] = {
     "model": MODEL_SCHEMA,
     "data": {
-        "name": Option(str, "cola"), "protocol": Option((str, _NONE), None),
+        "name": Option(str, "cola", check=_check_dataset), "protocol": Option((str, _NONE), None),
         "root": Option((str, _NONE), None), "cr_root": Option((str, _NONE), None),
         "encoder": Option(str, "learned", ("learned", "minilm")),
-        "max_len": Option(int, 64), "batch_size": Option(int, 32),
-        "eval_batch_size": Option(int, 256),
-        "cache_dir": Option((str, _NONE), None), "limit_train": Option((int, _NONE), None),
-        "limit_eval": Option((int, _NONE), None),
-        "split_seed": Option(int, 0),
+        "max_len": _positive(default=64), "batch_size": _positive(default=32),
+        "eval_batch_size": _positive(default=256),
+        "cache_dir": Option((str, _NONE), None), "limit_train": _positive((int, _NONE)),
+        "limit_eval": _positive((int, _NONE)),
+        "split_seed": _seed(),
         # options of the csv / jsonl datasets (``None``: the dataset's default)
         "train_file": Option((str, _NONE), None), "val_file": Option((str, _NONE), None),
         "test_file": Option((str, _NONE), None), "ood_files": Option((dict, _NONE), None),
         "text_column": Option((str, _NONE), None), "label_column": Option((str, _NONE), None),
-        "delimiter": Option((str, _NONE), None),
+        "delimiter": Option((str, _NONE), None, check=_check_delimiter),
         # options of the image_folder dataset
         "train_dir": Option((str, _NONE), None), "val_dir": Option((str, _NONE), None),
         "test_dir": Option((str, _NONE), None), "ood_dirs": Option((dict, _NONE), None),
-        "image_size": Option((int, _NONE), None),
+        "image_size": _positive((int, _NONE)),
     },
     "train": {
-        "epochs": Option(int, 50), "lr": Option(_NUM, 5e-4), "min_lr": Option(_NUM, 1e-5),
-        "optimizer": Option(str, "adam", ("adam", "adamw")), "weight_decay": Option(_NUM, 0.0),
+        "epochs": _positive(default=50), "lr": Option(_NUM, 5e-4, low=0, low_open=True),
+        "min_lr": Option(_NUM, 1e-5, low=0),
+        "optimizer": Option(str, "adam", ("adam", "adamw")),
+        "weight_decay": Option(_NUM, 0.0, low=0),
         "schedule": Option(str, "cosine", ("cosine", "linear", "constant")),
-        "warmup_epochs": Option(_NUM, 5), "seed": Option(int, 0),
-        "grad_clip": Option(_NUM + (_NONE,), None),
-        "select_metric": Option(str, "auto"),
+        "warmup_epochs": Option(_NUM, 5, low=0), "seed": _seed(),
+        "grad_clip": Option(_NUM + (_NONE,), None, low=0, low_open=True),
+        "select_metric": Option(str, "auto", check=_check_select_metric),
         "mode": Option(str, "thin", ("thin", "sites")),
         "objective": Option(dict, {}, free=True),
         "init_from": Option((str, _NONE), None),
-        "progress": Option(bool, True), "device": Option(str, "auto"),
+        "progress": Option(bool, True), "device": Option(str, "auto", check=_check_device),
     },
     "eval": {
-        "mc_samples": Option(int, 10), "ood": Option((list, _NONE), None),
-        "metrics": Option((list, _NONE), None),
+        "mc_samples": _positive(default=10),
+        "ood": Option((list, _NONE), None, check=_check_ood_sets),
+        "metrics": Option((list, _NONE), None, check=_names(_metric_names, "metric")),
         "average": Option(str, "probs", ("probs", "logits")),
-        "ood_detectors": Option((list, _NONE), None),
+        "ood_detectors": Option((list, _NONE), None,
+                                check=_names(_detector_names, "OOD detector")),
         "temperature_scaling": Option(bool, False),
     },
 }
 
 
+def _check_train(t: dict) -> None:
+    """The rules across keys of the ``train`` section."""
+    if t["schedule"] != "constant" and t["min_lr"] > t["lr"]:
+        raise ConfigError(f"train.min_lr ({t['min_lr']}) must be <= train.lr ({t['lr']}): the "
+                          f"{t['schedule']} schedule decays from lr to min_lr; set train.min_lr "
+                          "(default 1e-05)")
+
+
+def _check_data(d: dict) -> None:
+    """The rules across keys of the ``data`` section: the dataset's protocol, encoder and
+    options."""
+    from ..data import DATASETS
+
+    spec = DATASETS[d["name"]]
+    if d["protocol"] is not None and d["protocol"] not in spec.protocols:
+        raise ConfigError(f"data.protocol: {d['protocol']!r} is not a protocol of dataset "
+                          f"{d['name']!r}; allowed: {', '.join(spec.protocols)}")
+    if spec.modality != "text" and d["encoder"] != "learned":
+        raise ConfigError(f"data.encoder: {d['encoder']!r} applies to text datasets only; "
+                          f"{d['name']!r} is {spec.modality}")
+    extra = dataset_extra_options(d, spec)
+    if extra:
+        raise ConfigError(f"data.{extra[0]}: not an option of dataset {d['name']!r}; its "
+                          f"options: {', '.join(sorted(_COMMON_DATA_OPTIONS + spec.options))}")
+
+
+#: keys of the ``data`` section handed to :func:`~gpattn_ppl.data.load_data` when set (the
+#: dataset's own options; ``None`` = the dataset's default)
+DATA_OPTIONS = ("protocol", "root", "cache_dir", "limit_train", "limit_eval", "cr_root",
+                "train_file", "val_file", "test_file", "ood_files", "text_column",
+                "label_column", "delimiter", "train_dir", "val_dir", "test_dir", "ood_dirs",
+                "image_size")
+_COMMON_DATA_OPTIONS = ("protocol", "root", "cache_dir", "limit_train", "limit_eval")
+
+
+def dataset_extra_options(d: dict, spec) -> list[str]:
+    """The set keys of :data:`DATA_OPTIONS` in data section ``d`` that dataset ``spec`` (a
+    :class:`~gpattn_ppl.data.DatasetSpec`) does not take, sorted."""
+    takes = {*_COMMON_DATA_OPTIONS, *spec.options}
+    return sorted(k for k in DATA_OPTIONS if d.get(k) is not None and k not in takes)
+
+
+def check_device(name: str, where: str) -> None:
+    """Raise :class:`ConfigError` for a device name that is not ``auto``, ``cpu``, ``cuda``,
+    ``cuda:N`` or ``mps``, or one this machine does not have (:func:`check_device_available`)."""
+    _check_device(name, where)
+    check_device_available(name, where)
+
+
+def check_device_available(name: str, where: str = "train.device") -> None:
+    """Raise :class:`ConfigError` when device ``name`` (``cuda``, ``cuda:N``, ``mps``) is not
+    available on this machine (``auto`` and ``cpu`` always are).
+
+    Separate from :func:`validate_config`, so that a run folder trained on a GPU can still be
+    read on a machine without one; :class:`~gpattn_ppl.run.experiment.Trainer` calls it before
+    any data is loaded.
+    """
+    import torch
+
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{where}: {name!r} was asked for but CUDA is not available on "
+                              "this machine (torch.cuda.is_available() is False); use auto or cpu")
+        index = int(name.split(":")[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"{where}: {name!r} was asked for but this machine has "
+                              f"{torch.cuda.device_count()} CUDA device(s)")
+    elif name == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ConfigError(f"{where}: 'mps' was asked for but MPS is not available on this "
+                              "machine; use auto or cpu")
+
+
+def _try_units(model: dict) -> None:
+    """Build each attention unit of the model section once, as the classifier would (RNG state
+    kept), so that a unit's own rules on its option values (``temperature must be > 0``) fail
+    before any data is loaded, as a :class:`ConfigError` naming the key path."""
+    import torch
+
+    from ..attention import attention_options, build_attention
+
+    specs = [("model.attention", model["attention"])]
+    specs += [(f"model.overrides[{i}].attention", ov["attention"])
+              for i, ov in enumerate(model["overrides"])]
+    for where, spec in specs:
+        options = {k: v for k, v in spec.items() if k != "kind"}
+        if "attn_dropout" in attention_options(spec["kind"]):
+            options.setdefault("attn_dropout", model["dropout"] if model["attn_dropout"] is None
+                               else model["attn_dropout"])
+        options.setdefault("proj_dropout", model["dropout"])
+        with torch.random.fork_rng(devices=[]):
+            try:
+                build_attention(spec["kind"], model["dim"], model["heads"], where=where,
+                                **options)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"{where} (kind {spec['kind']!r}): {err}") from None
+
+
 def validate_config(cfg: dict) -> Config:
-    """A complete config (defaults filled in) from a partial one; raises :class:`ConfigError`."""
+    """A complete config (defaults filled in) from a partial one; raises :class:`ConfigError`
+    naming the key path, the value and what is allowed (types, ranges, names)."""
     out = check_section(cfg, SCHEMA, "")
     check_model(out["model"])
+    _try_units(out["model"])
+    _check_train(out["train"])
+    _check_data(out["data"])
     from ..ppl.objective import validate_objective
 
     try:
@@ -101,10 +289,19 @@ def validate_config(cfg: dict) -> Config:
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
-    if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected key.path=value")
+    if not isinstance(item, str) or "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. train.lr=1e-3")
     key, raw = item.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw)
+    keys = key.strip().split(".")
+    if not all(k.strip() for k in keys):
+        what = "the key is empty" if not key.strip() else f"the key {key.strip()!r} has an empty part"
+        raise ConfigError(f"--set {item!r}: {what}; expected key.path=value, e.g. train.lr=1e-3")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {item!r}: the value is not a YAML scalar ("
+                          f"{_yaml_problem(err)})") from None
+    return [k.strip() for k in keys], value
 
 
 def apply_overrides(cfg: dict, overrides: list[str]) -> dict:

@@ -40,7 +40,15 @@ from ..infer import (
     set_rng_state,
 )
 from ..metrics import HIGHER_IS_BETTER, classification_report
-from .config import Config, load_config
+from .config import (
+    DATA_OPTIONS,
+    VALIDATION_METRICS,
+    Config,
+    ConfigError,
+    check_device_available,
+    dataset_extra_options,
+    load_config,
+)
 from .evaluate import evaluate_model
 from .output import dumps
 from .plugins import imported_plugins
@@ -59,9 +67,6 @@ __all__ = ["VALIDATION_METRICS", "Trainer", "build_net", "data_sizes", "evaluate
 
 #: the manifest format written to ``run.json``
 MANIFEST_FORMAT = 1
-
-#: the metrics of the per-epoch validation report; ``train.select_metric`` picks one of them.
-VALIDATION_METRICS = ("acc", "mcc", "nll", "ece", "brier")
 
 
 def _validated(config, overrides: list[str] | None) -> dict:
@@ -86,12 +91,16 @@ class Trainer:
     :param label: the progress bar's label (default: the last two parts of ``run_dir``).
     :raises RunFolderError: ``run_dir`` holds a run and the flags do not allow using it (see
         :func:`~gpattn_ppl.run.rundir.check_run_folder`); raised before anything is written.
+    :raises ConfigError: the config is invalid, ``train.device`` is not available here (both
+        before any data is loaded), or ``eval.ood`` names a set the dataset does not have
+        (before training).
     """
 
     def __init__(self, config, run_dir: str | Path, *, overrides: list[str] | None = None,
                  bundle=None, resume: bool = False, force: bool = False,
                  label: str | None = None) -> None:
         self.cfg = _validated(config, overrides)
+        check_device_available(self.cfg["train"]["device"])
         self.run_dir = Path(run_dir)
         self.action = check_run_folder(self.run_dir, self.cfg, resume=resume, force=force)
         self.label = label or "/".join(self.run_dir.parts[-2:])
@@ -101,6 +110,7 @@ class Trainer:
         self.bundle = bundle if bundle is not None else load_bundle(self.cfg)
         if self.action == "resume":
             _check_same_data(self.run_dir, self.bundle)
+        check_ood_names(self.cfg["eval"]["ood"], self.bundle)
         self.select_metric = selection_metric(self.cfg, self.bundle)
         self.net, self.warm_start, self.program = _model_and_program(
             self.cfg, self.bundle, len(self.bundle.train), self.device, self.world)
@@ -257,23 +267,24 @@ def selection_metric(cfg: dict, bundle) -> str:
     """``train.select_metric``; ``auto`` is the metric the dataset declares
     (``select_metric`` of :class:`~gpattn_ppl.data.DataBundle`: MCC on CoLA, accuracy elsewhere).
 
-    :raises ValueError: a metric the validation report does not compute.
+    :raises ConfigError: a metric the validation report does not compute (``auto`` resolving
+        to a dataset's undeclared metric; explicit names are checked by the config).
     """
     m = cfg["train"]["select_metric"]
     if m == "auto":
         m = getattr(bundle, "select_metric", "acc")
     if m not in VALIDATION_METRICS:
-        raise ValueError(f"train.select_metric: {m!r} is not a validation metric; allowed: "
-                         f"auto, {', '.join(VALIDATION_METRICS)}")
+        raise ConfigError(f"train.select_metric: {m!r} is not a validation metric; allowed: "
+                          f"auto, {', '.join(VALIDATION_METRICS)}")
     return m
 
 
-#: keys of the ``data`` section handed to :func:`~gpattn_ppl.data.load_data` when set (the
-#: dataset's own options; ``None`` = the dataset's default)
-DATA_OPTIONS = ("protocol", "root", "cache_dir", "limit_train", "limit_eval", "cr_root",
-                "train_file", "val_file", "test_file", "ood_files", "text_column",
-                "label_column", "delimiter", "train_dir", "val_dir", "test_dir", "ood_dirs",
-                "image_size")
+def check_ood_names(names: list[str] | None, bundle, where: str = "eval.ood") -> None:
+    """Raise :class:`ConfigError` when an OOD set name is not one of ``bundle.ood``."""
+    unknown = [n for n in names or [] if n not in bundle.ood]
+    if unknown:
+        raise ConfigError(f"{where}: unknown OOD set(s) {', '.join(map(repr, unknown))} of "
+                          f"dataset {bundle.name!r}; it has: {', '.join(bundle.ood) or 'none'}")
 
 
 def load_bundle(cfg: dict):
@@ -286,12 +297,9 @@ def load_bundle(cfg: dict):
     d = cfg["data"]
     kw = {k: d[k] for k in DATA_OPTIONS if d.get(k) is not None}
     spec = DATASETS.get(d["name"])
-    if spec is not None:
-        takes = {"protocol", "root", "cache_dir", "limit_train", "limit_eval", *spec.options}
-        extra = sorted(set(kw) - takes)
-        if extra:
-            raise ValueError(f"data.{extra[0]}: not an option of dataset {d['name']!r}; its "
-                             f"options: {', '.join(sorted(takes))}")
+    extra = [] if spec is None else dataset_extra_options(d, spec)
+    if extra:
+        raise ConfigError(f"data.{extra[0]}: not an option of dataset {d['name']!r}")
     # every random choice of the data (splits, limit subsets) follows data.split_seed, so
     # runs that differ only in train.seed see identical data and vocabularies
     return load_data(d["name"], encoder=d["encoder"], max_len=d["max_len"],
@@ -377,7 +385,11 @@ def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank:
     (with temperature scaling) ``calibration.json``."""
     state = load_checkpoint(run_dir / "best.pt", map_location=device)
     net.load_state_dict(state["model"])
-    results = evaluate_model(program, bundle, cfg, device, ood=ood)
+    # the MC passes of the evaluation are seeded: train and a later evaluate give equal numbers
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(cfg["train"]["seed"] + 104_729)
+        results = evaluate_model(program, bundle, cfg, device, ood=ood)
     seconds = [r["seconds"] for r in history]
     score = state.get("score")
     if score is None:  # best.pt of an older version: the score is in the history
@@ -411,8 +423,9 @@ def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
     ``best.pt`` and program; no optimiser is built and ``last.pt`` is not needed. Rewrites
     ``results.json`` and ``predictions.pt``.
 
-    :param overrides: ``--set`` overrides of the ``eval`` section only (e.g.
-        ``eval.temperature_scaling=true``, ``eval.mc_samples=20``).
+    :param overrides: ``--set`` overrides of the ``eval`` section (e.g.
+        ``eval.temperature_scaling=true``, ``eval.mc_samples=20``) and of ``train.device`` (a
+        run trained on a GPU evaluated on a machine without one: ``train.device=cpu``).
     :raises RunFolderError: not a run folder, or its data changed since training.
     """
     from .plugins import import_plugins
@@ -420,15 +433,22 @@ def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     import_plugins(manifest.get("plugins", []))
-    bad = [o for o in overrides or [] if not o.strip().startswith("eval.")]
+    bad = [o for o in overrides or []
+           if not o.strip().startswith(("eval.", "train.device="))]
     if bad:
-        raise ValueError(f"evaluate --set changes the eval section only; got {bad}")
+        raise ConfigError(f"evaluate --set changes the eval section and train.device only; "
+                          f"got {bad}")
     cfg = dict(load_config(run_dir / "config.yaml", overrides))
+    check_device_available(cfg["train"]["device"])
     rank, world = init_distributed()
     device = select_device(cfg["train"]["device"], rank)
     seed_everything(cfg["train"]["seed"])
     bundle = load_bundle(cfg)
     _check_same_data(run_dir, bundle)
+    if ood is not None:
+        check_ood_names(ood, bundle, "evaluate --ood")
+    else:
+        check_ood_names(cfg["eval"]["ood"], bundle)
     select_metric = selection_metric(cfg, bundle)
     net, warm_start, program = _model_and_program(cfg, bundle, len(bundle.train), device, world)
     history_path = run_dir / "history.json"

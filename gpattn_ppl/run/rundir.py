@@ -34,6 +34,8 @@ from typing import Any
 
 import yaml
 
+from ..errors import GpattnError
+
 __all__ = ["RUN_FILES", "RunFolderError", "check_run_folder", "config_differences",
            "clear_run_files", "read_manifest", "write_json_atomic", "holds_run"]
 
@@ -45,7 +47,7 @@ RUN_FILES = ("config.yaml", "run.json", "encoder.json", "last.pt", "best.pt", "l
 IGNORED_KEYS = ("train.progress", "train.device", "data.cache_dir")
 
 
-class RunFolderError(ValueError):
+class RunFolderError(GpattnError, ValueError):
     """A run folder may not be used as asked (it holds another run, or lacks a file)."""
 
 

@@ -102,7 +102,11 @@ def test_stochastic_run_mutual_information_and_seeding(tmp_path):
     cfg["train"]["epochs"] = 1
     cfg["model"]["mc_dropout"] = True
     cfg["model"]["dropout"] = 0.3
-    Trainer(cfg, tmp_path / "mc").fit()
+    trained = Trainer(cfg, tmp_path / "mc").fit()
+    # the evaluation's MC passes are seeded: a later evaluate gives the numbers train printed
+    from gpattn_ppl.run.experiment import evaluate_run
+
+    assert evaluate_run(tmp_path / "mc")["test"] == trained["test"]
     predictor = load_run(tmp_path / "mc")
     texts = ["The cat sat on the mat.", "Mat the on sat cat the.", "Who did you see?"]
     p = predictor.predict_proba(texts, samples=8)

@@ -1,0 +1,35 @@
+"""The library's error classes: every error it raises on purpose is a :class:`GpattnError`.
+
+Each concrete class also derives from the builtin error it has always been (``ValueError``,
+``RuntimeError``), so ``except ValueError`` keeps working:
+
+=====================================================  =========================================
+class                                                  raised for
+=====================================================  =========================================
+:class:`gpattn_ppl.models.spec.ConfigError`            a bad config value (names the key path)
+:class:`DataError`                                     a malformed data file (names file, line)
+:class:`gpattn_ppl.run.rundir.RunFolderError`          a run folder that may not be used as asked
+:class:`gpattn_ppl.infer.checkpoint.CheckpointError`   a missing, corrupt or mismatched checkpoint
+:class:`gpattn_ppl.linalg.CholeskyError`               a matrix that cannot be factorised
+=====================================================  =========================================
+
+The command line (:mod:`gpattn_ppl.run.cli`) prints such an error as one
+``gpattn-ppl <command>: error: <message>`` line and exits with status 2.
+
+>>> issubclass(DataError, GpattnError) and issubclass(DataError, ValueError)
+True
+"""
+
+from __future__ import annotations
+
+__all__ = ["DataError", "GpattnError"]
+
+
+class GpattnError(Exception):
+    """Base class of every error the library raises on purpose; the message says what is wrong
+    and where (key path, file and line, run folder)."""
+
+
+class DataError(GpattnError, ValueError):
+    """A data file that cannot be read as the dataset expects; the message names the file and,
+    for a malformed row, its line."""
