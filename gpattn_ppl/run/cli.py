@@ -56,7 +56,8 @@ def _evaluate(args) -> int:
     from .experiment import evaluate_run
     from .output import dumps, summary
 
-    results = evaluate_run(args.run_dir, ood=args.ood, overrides=args.set)
+    results = evaluate_run(args.run_dir, ood=args.ood, overrides=args.set,
+                           allow_changed_data=args.allow_changed_data)
     if not args.no_plots:
         from .plotting import plot_runs
 
@@ -188,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the eval section (or train.device), e.g. --set "
                    "eval.mc_samples=20")
     e.add_argument("--no-plots", action="store_true", help="do not draw RUN_DIR/plots/*.png")
+    e.add_argument("--allow-changed-data", action="store_true",
+                   help="evaluate even if the data changed since training (default: refuse; the "
+                   "results then carry a warning)")
 
     r = _sub(sub, "predict", "predict new inputs with a trained run (JSON Lines: text, probs, "
              "pred, entropy, mutual_info, msp)", "gpattn-ppl predict runs/cola/softmax --input "

@@ -140,6 +140,8 @@ class Trainer:
         if self.action == "fresh":
             clear_run_files(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        for orphan in self.run_dir.glob(".*.tmp"):  # left by a process killed mid-write
+            orphan.unlink(missing_ok=True)
         text = yaml.safe_dump(dict(self.cfg), sort_keys=False)
         atomic_write(self.run_dir / "config.yaml", lambda fh: fh.write(text), binary=False)
         write_json_atomic(_manifest(self.bundle), self.run_dir / "run.json")
@@ -380,7 +382,7 @@ def _model_and_program(cfg: dict, sizes, num_data: int, device, world: int):
 
 def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank: int, *,
                    history: list, select_metric: str, warm_start: dict | None,
-                   ood: list[str] | None) -> dict:
+                   ood: list[str] | None, data_warning: str | None = None) -> dict:
     """Load ``best.pt`` into ``net``, evaluate, write ``results.json``, ``predictions.pt`` and
     (with temperature scaling) ``calibration.json``."""
     state = load_checkpoint(run_dir / "best.pt", map_location=device)
@@ -395,6 +397,8 @@ def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank:
     if score is None:  # best.pt of an older version: the score is in the history
         score = next((r.get(f"val/{select_metric}") for r in history
                       if r["epoch"] == state["epoch"]), None)
+    if data_warning is not None:
+        results["warnings"].append(f"evaluated on changed data: {data_warning}")
     results["best_epoch"] = state["epoch"]
     results["eval"] = dict(cfg["eval"])  # the settings these numbers were computed with
     results["selection"] = {"metric": select_metric, "split": "val", "score": score}
@@ -418,7 +422,8 @@ def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank:
 
 
 def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
-                 overrides: list[str] | None = None) -> dict:
+                 overrides: list[str] | None = None, *, allow_changed_data: bool = False
+                 ) -> dict:
     """Re-evaluate a finished run folder (``gpattn-ppl evaluate``): its config, data, model,
     ``best.pt`` and program; no optimiser is built and ``last.pt`` is not needed. Rewrites
     ``results.json`` and ``predictions.pt``.
@@ -426,6 +431,8 @@ def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
     :param overrides: ``--set`` overrides of the ``eval`` section (e.g.
         ``eval.temperature_scaling=true``, ``eval.mc_samples=20``) and of ``train.device`` (a
         run trained on a GPU evaluated on a machine without one: ``train.device=cpu``).
+    :param allow_changed_data: evaluate even if the data's fingerprint differs from the one
+        stored at training (the results then carry a warning saying so).
     :raises RunFolderError: not a run folder, or its data changed since training.
     """
     from .plugins import import_plugins
@@ -444,7 +451,14 @@ def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
     device = select_device(cfg["train"]["device"], rank)
     seed_everything(cfg["train"]["seed"])
     bundle = load_bundle(cfg)
-    _check_same_data(run_dir, bundle)
+    changed = None
+    try:
+        _check_same_data(run_dir, bundle)
+    except RunFolderError as err:
+        if not allow_changed_data:
+            raise RunFolderError(f"{err} (evaluate --allow-changed-data evaluates anyway)"
+                                 ) from None
+        changed = str(err)
     if ood is not None:
         check_ood_names(ood, bundle, "evaluate --ood")
     else:
@@ -453,5 +467,7 @@ def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
     net, warm_start, program = _model_and_program(cfg, bundle, len(bundle.train), device, world)
     history_path = run_dir / "history.json"
     history = json.loads(history_path.read_text()) if history_path.is_file() else []
-    return _evaluate_best(run_dir, cfg, bundle, net, program, device, rank, history=history,
-                          select_metric=select_metric, warm_start=warm_start, ood=ood)
+    results = _evaluate_best(run_dir, cfg, bundle, net, program, device, rank, history=history,
+                             select_metric=select_metric, warm_start=warm_start, ood=ood,
+                             data_warning=changed)
+    return results

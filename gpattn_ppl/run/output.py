@@ -40,5 +40,7 @@ def summary(results: dict, run_dir) -> dict:
            "test": results["test"], "ood": results["ood"]}
     if "temperature_scaling" in results:
         out["temperature_scaling"] = results["temperature_scaling"]
+    if results.get("warnings"):
+        out["warnings"] = results["warnings"]
     out["cost"] = results.get("cost", {})
     return strict(out)

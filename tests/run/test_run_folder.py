@@ -103,3 +103,50 @@ def test_manifest_errors_and_strict_atomic_json(tmp_path):
     assert (tmp_path / "run.json").read_text() == '{\n "x": null,\n "y": [\n  null,\n  1.5\n ]\n}\n'
     assert read_manifest(tmp_path) == {"x": None, "y": [None, 1.5]}
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+# -- under faults: changed data, orphaned temporaries ------------------------------------------
+def _csv_run(tmp_path):
+    import csv
+
+    words = ["good", "bad", "fine", "poor", "great", "awful", "nice", "dull"]
+    with open(tmp_path / "train.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["text", "label"])
+        for i in range(60):
+            w.writerow([f"{words[i % 8]} {words[(i * 3) % 8]} day", "odd" if i % 2 else "even"])
+    return {"model": {"dim": 16, "depth": 1, "heads": 2, "mlp_dim": 16, "max_len": 8},
+            "data": {"name": "csv", "train_file": str(tmp_path / "train.csv"), "max_len": 8,
+                     "batch_size": 16},
+            "train": {"epochs": 1, "warmup_epochs": 0, "progress": False},
+            "eval": {"mc_samples": 2}}
+
+
+def test_changed_data_is_refused_on_resume_and_evaluate_unless_allowed(tmp_path):
+    from gpattn_ppl.run.cli import main
+    from gpattn_ppl.run.experiment import Trainer, evaluate_run
+
+    cfg = _csv_run(tmp_path)
+    first = Trainer(cfg, tmp_path / "run").fit()
+    text = (tmp_path / "train.csv").read_text().splitlines()
+    text[5] = text[5].replace("even", "odd") if "even" in text[5] else text[5].replace("odd", "even")
+    (tmp_path / "train.csv").write_text("\n".join(text) + "\n")
+    with pytest.raises(RunFolderError, match="the data changed since this run was trained"):
+        Trainer(cfg, tmp_path / "run", resume=True)
+    with pytest.raises(RunFolderError, match="--allow-changed-data"):
+        evaluate_run(tmp_path / "run")
+    assert main(["evaluate", str(tmp_path / "run"), "--no-plots"]) == 2
+    res = evaluate_run(tmp_path / "run", allow_changed_data=True)
+    assert any("evaluated on changed data" in w for w in res["warnings"])
+    assert res["best_epoch"] == first["best_epoch"]
+
+
+def test_orphaned_temporaries_are_removed_when_a_run_starts(tmp_path):
+    from gpattn_ppl.run.experiment import Trainer
+
+    cfg = _csv_run(tmp_path)
+    Trainer(cfg, tmp_path / "run").fit()
+    orphan = tmp_path / "run" / ".last.pt.k1ll3d.tmp"
+    orphan.write_bytes(b"partial")
+    Trainer(cfg, tmp_path / "run", resume=True).fit()
+    assert not orphan.exists()
