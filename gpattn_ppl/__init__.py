@@ -6,9 +6,8 @@ gpattn_ppl`` stays cheap. Every error the library raises on purpose derives from
 :class:`~gpattn_ppl.errors.GpattnError`.
 """
 
+from ._version import __version__
 from .errors import DataError, GpattnError
-
-__version__ = "0.1.0"
 
 __all__ = ["DataError", "GpattnError", "__version__", "load_run"]
 

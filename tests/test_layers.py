@@ -15,7 +15,7 @@ ROOT = Path(gpattn_ppl.__file__).parent
 RANK = {
     "run": 100, "models": 90, "infer": 85, "layers": 80, "testing": 75, "attention": 70,
     "variational": 60, "gp": 60, "features": 50, "kernels": 40, "distributions": 40,
-    "ppl": 30, "ood": 27, "metrics": 25, "data": 20, "linalg": 10, "settings": 5, "errors": 2,
+    "ppl": 30, "ood": 27, "metrics": 25, "data": 20, "linalg": 10, "settings": 5, "errors": 2, "_version": 1,
     "__init__": 0,
 }
 

@@ -108,7 +108,10 @@ class Trainer:
         self.device = select_device(self.cfg["train"]["device"], self.rank)
         seed_everything(self.cfg["train"]["seed"])
         self.bundle = bundle if bundle is not None else load_bundle(self.cfg)
-        if self.action == "resume":
+        # a run killed while writing its first files (config.yaml, not yet run.json) trained
+        # nothing: resuming it is starting it; with a checkpoint, run.json must say same data
+        if self.action == "resume" and ((self.run_dir / "run.json").is_file()
+                                        or (self.run_dir / "last.pt").exists()):
             _check_same_data(self.run_dir, self.bundle)
         check_ood_names(self.cfg["eval"]["ood"], self.bundle)
         self.select_metric = selection_metric(self.cfg, self.bundle)
@@ -337,7 +340,7 @@ def build_net(cfg: dict, sizes):
 
 
 def _manifest(bundle) -> dict:
-    from .. import __version__
+    from .._version import __version__
 
     return {"format": MANIFEST_FORMAT, "gpattn_ppl": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "sizes": data_sizes(bundle),
