@@ -11,7 +11,12 @@ class                                                  raised for
 :class:`gpattn_ppl.run.rundir.RunFolderError`          a run folder that may not be used as asked
 :class:`gpattn_ppl.infer.checkpoint.CheckpointError`   a missing, corrupt or mismatched checkpoint
 :class:`gpattn_ppl.linalg.CholeskyError`               a matrix that cannot be factorised
+:class:`gpattn_ppl.linalg.NonFiniteError`              a matrix with NaN / inf entries (overflow)
+:class:`DivergenceError`                               training went non-finite (epoch, step, term)
 =====================================================  =========================================
+
+Numerical events that do not stop a computation (a jitter escalation, an objective term far
+larger than the cross-entropy) are a :class:`NumericsWarning`, once per place or per run.
 
 The command line (:mod:`gpattn_ppl.run.cli`) prints such an error as one
 ``gpattn-ppl <command>: error: <message>`` line and exits with status 2.
@@ -22,7 +27,7 @@ True
 
 from __future__ import annotations
 
-__all__ = ["DataError", "GpattnError"]
+__all__ = ["DataError", "DivergenceError", "GpattnError", "NumericsWarning"]
 
 
 class GpattnError(Exception):
@@ -33,3 +38,14 @@ class GpattnError(Exception):
 class DataError(GpattnError, ValueError):
     """A data file that cannot be read as the dataset expects; the message names the file and,
     for a malformed row, its line."""
+
+
+class DivergenceError(GpattnError, FloatingPointError):
+    """Training became non-finite; the message names the epoch, the step and the objective term
+    (or the logits, the parameters) that went non-finite first."""
+
+
+class NumericsWarning(UserWarning):
+    """A numerical event worth knowing that did not stop the computation: a Cholesky jitter
+    escalation (once per module and matrix), an objective term or a loss out of its usual range
+    (once per run, naming the config option that fixes it)."""

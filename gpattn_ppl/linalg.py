@@ -1,10 +1,20 @@
 """The one Cholesky / solve path of the library.
 
-Every factorisation of a kernel matrix goes through :func:`cholesky`: it adds the per-dtype jitter
-of :class:`gpattn_ppl.settings.cholesky_jitter`, retries a bounded number of times with ten times
-more jitter, and then raises :class:`CholeskyError` naming the module path, the head and the
-smallest eigenvalue seen. GP algebra is promoted to :class:`gpattn_ppl.settings.gp_dtype` and runs
-with autocast disabled. Nothing here inverts a matrix.
+Every factorisation of a kernel matrix goes through :func:`cholesky` with a ``where`` (module
+path and matrix) and reports itself:
+
+* a matrix with NaN or inf entries raises :class:`NonFiniteError` at once, naming ``where``, the
+  head and batch index, the NaN / inf counts and, for inf, the overflow (no jitter is tried);
+* a finite matrix that fails gets its jitter of :class:`gpattn_ppl.settings.cholesky_jitter`
+  multiplied by 10 up to ``max_tries`` times -- only that matrix: the others keep their factors
+  bit for bit -- and every matrix rescued so is counted (:func:`numerics_stats`) and warned about
+  once per ``where`` (:class:`~gpattn_ppl.errors.NumericsWarning`);
+* one that fails after the last escalation raises :class:`CholeskyError` naming ``where``, the
+  head and the smallest eigenvalue.
+
+The fast path costs one host synchronisation per call (one boolean over the batch). GP algebra is
+promoted to :class:`gpattn_ppl.settings.gp_dtype` and runs with autocast disabled. Nothing here
+inverts a matrix.
 
 The pieces every GP head shares live here once: the block trick for padded tokens
 (:func:`block_mask`, :func:`mask_rows`), :func:`symmetrise`, the free lower-triangular
@@ -15,18 +25,58 @@ parameterisation :func:`free_cholesky` and the relative-jitter factorisation
 from __future__ import annotations
 
 import contextlib
+import copy
+import warnings
 
 import torch
 
 from . import settings
-from .errors import GpattnError
+from .errors import GpattnError, NumericsWarning
 
-__all__ = ["CholeskyError", "block_mask", "cholesky", "cholesky_solve", "free_cholesky", "gp_precision",
-           "mask_rows", "scaled_cholesky", "symmetrise", "triangular_solve"]
+__all__ = ["CholeskyError", "NonFiniteError", "block_mask", "cholesky", "cholesky_solve",
+           "free_cholesky", "gp_precision", "mask_rows", "numerics_stats", "reset_numerics_stats",
+           "scaled_cholesky", "symmetrise", "triangular_solve"]
 
 
 class CholeskyError(GpattnError, RuntimeError):
     """A matrix could not be factorised even after the bounded jitter escalation."""
+
+
+class NonFiniteError(CholeskyError):
+    """A matrix handed to :func:`cholesky` has NaN or inf entries (inf: an overflow)."""
+
+
+# -- the process-wide escalation counter --------------------------------------------------------
+_STATS: dict = {"escalations": 0, "max_jitter": 0.0, "by_where": {}}
+_WARNED: set[str] = set()
+
+
+def numerics_stats() -> dict:
+    """Jitter escalations since the last :func:`reset_numerics_stats`: ``{"escalations": number
+    of matrices that needed more than the first jitter, "max_jitter": the largest jitter used
+    (0.0 if none), "by_where": {where: escalations}}`` (a copy)."""
+    return copy.deepcopy(_STATS)
+
+
+def reset_numerics_stats(*, warned: bool = False) -> None:
+    """Zero the counter of :func:`numerics_stats`; ``warned=True`` also forgets which ``where``
+    were warned about, so each warns again on its next escalation (a new run)."""
+    _STATS.update(escalations=0, max_jitter=0.0, by_where={})
+    if warned:
+        _WARNED.clear()
+
+
+def _record(where: str, count: int, jitter: float, total: int, first: str) -> None:
+    where, jitter = where or "<unnamed>", float(f"{jitter:.6g}")  # 1e-4, not 9.999999999999999e-05
+    _STATS["escalations"] += count
+    _STATS["max_jitter"] = max(_STATS["max_jitter"], jitter)
+    _STATS["by_where"][where] = _STATS["by_where"].get(where, 0) + count
+    if where not in _WARNED:
+        _WARNED.add(where)
+        warnings.warn(f"{where}: Cholesky jitter escalated to {jitter:.0e} for {count} of {total} "
+                      f"matrices ({first}) -- a near-singular kernel matrix; counted in "
+                      "gpattn_ppl.linalg.numerics_stats() and the run's numerics log (warned "
+                      "once per place)", NumericsWarning, stacklevel=4)
 
 
 @contextlib.contextmanager
@@ -36,33 +86,74 @@ def gp_precision(device_type: str):
         yield
 
 
-def _describe_failure(A: torch.Tensor, info: torch.Tensor, where: str, head_axis: int | None) -> str:
-    failed = (info > 0).nonzero()
-    first = failed[0].tolist() if failed.numel() else []
+def _position(flat: int, batch_shape: torch.Size, head_axis: int | None) -> str:
+    """``"head h (batch index (..))"`` of the flat batch index ``flat``."""
+    index, rest = [], flat
+    for size in reversed(batch_shape):
+        index.append(rest % size)
+        rest //= size
+    index = tuple(reversed(index))
+    head = f"head {index[head_axis]} " if head_axis is not None and head_axis < len(index) else ""
+    return f"{head}(batch index {index})" if index else "the matrix"
+
+
+def _nonfinite_message(M: torch.Tensor, where: str, pos: str, affected: int, total: int) -> str:
+    """What is wrong with the non-finite matrix ``M`` (NaN / inf counts, overflow)."""
+    M = M.detach()
+    nan, inf, n = int(torch.isnan(M).sum()), int(torch.isinf(M).sum()), M.numel()
+    parts = []
+    if inf:
+        parts.append(f"{inf} of {n} entries are inf: the values overflow {_name(M.dtype)} (max "
+                     f"{torch.finfo(M.dtype).max:.1e})")
+    if nan:
+        parts.append(f"{nan} of {n} entries are NaN")
+    msg = (f"non-finite matrix in {where or '<unnamed module>'}, {pos}: " + " and ".join(parts)
+           + f" ({affected} of {total} matrices; no jitter tried)")
+    if inf:
+        msg += "; lower the input scale (normalise the inputs)"
+        if M.dtype != torch.float64:
+            msg += " or compute in float64 (settings.gp_dtype(torch.float64))"
+    else:
+        msg += "; the NaN comes from upstream (a NaN input or parameter, or an earlier overflow)"
+    return msg
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _describe_failure(A: torch.Tensor, flat: int, batch_shape: torch.Size, where: str,
+                      head_axis: int | None) -> str:
+    A = A.detach()
     msg = f"Cholesky failed in {where or '<unnamed module>'}"
-    if head_axis is not None and first:
-        msg += f", head {first[head_axis]}"
-    if first:
-        msg += f" (batch index {tuple(first)})"
-        try:
-            eig = torch.linalg.eigvalsh(A[tuple(first)].double()).min().item()
-            msg += f"; smallest eigenvalue {eig:.3e}"
-        except RuntimeError:  # NaN entries make eigvalsh fail too
-            msg += "; matrix contains non-finite values"
+    pos = _position(flat, batch_shape, head_axis)
+    msg += f", {pos}" if batch_shape else ""
+    try:
+        eig = torch.linalg.eigvalsh(A.double()).min().item()
+        msg += f"; smallest eigenvalue {eig:.3e}"
+    except RuntimeError:  # pragma: no cover -- A is finite here
+        pass
+    big = float(A.abs().max())
+    if big > torch.finfo(A.dtype).max / max(A.shape[-1], 1):
+        msg += (f"; entries up to {big:.1e} overflow {_name(A.dtype)} in the factorisation "
+                "(lower the input scale or use settings.gp_dtype(torch.float64))")
     return msg
 
 
 def cholesky(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
              jitter: float | None = None) -> torch.Tensor:
-    r"""Lower Cholesky factor :math:`L L^\top = A + \epsilon I` with bounded jitter escalation.
+    r"""Lower Cholesky factor :math:`L L^\top = A + \epsilon I` with per-matrix jitter escalation.
 
     :param A: ``[..., n, n]`` symmetric positive (semi-)definite matrices.
-    :param where: module path used in the error message (e.g. ``"blocks.1.attn"``).
-    :param head_axis: which batch dimension of ``A`` indexes heads, for the error message.
+    :param where: module path and matrix, named in warnings and errors (``"blocks.1.attn K_kk"``).
+    :param head_axis: which batch dimension of ``A`` indexes heads, for the messages.
     :param jitter: first jitter; default from :class:`~gpattn_ppl.settings.cholesky_jitter`.
     :returns: ``[..., n, n]`` lower-triangular factor in ``gp_dtype`` (or float64 if ``A`` is).
-    :raises CholeskyError: after ``max_tries`` escalations, naming ``where``, head and the
-        smallest eigenvalue of the first failing matrix.
+        A matrix that needed :math:`\epsilon_i = 10^t\epsilon` gets :math:`L_iL_i^\top = A_i +
+        \epsilon_i I`; the others are untouched.
+    :raises NonFiniteError: ``A`` has NaN or inf entries (named, with the overflow for inf).
+    :raises CholeskyError: a matrix still fails after ``max_tries`` escalations (names ``where``,
+        the head and its smallest eigenvalue).
     """
     dtype = settings.gp_dtype.resolve(A.dtype)
     with gp_precision(A.device.type):
@@ -70,16 +161,51 @@ def cholesky(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
         eps = settings.cholesky_jitter.value(dtype) if jitter is None else jitter
         eye = torch.eye(A.shape[-1], dtype=dtype, device=A.device)
         L, info = torch.linalg.cholesky_ex(A + eps * eye)
-        tries = settings.cholesky_jitter.max_tries()
+        bad = (info > 0) | ~torch.isfinite(A).flatten(-2).all(-1)
+        if not bool(bad.any()):  # the one host synchronisation of the fast path
+            return L
+        return _escalate(A, bad, eps, eye, where, head_axis)
+
+
+def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor, where: str,
+              head_axis: int | None) -> torch.Tensor:
+    """The failure path of :func:`cholesky`: name non-finite matrices, find each failing
+    matrix's jitter (10x per try), then factorise the batch once with per-matrix jitter (the
+    first factor is dropped: its failed entries would poison the backward pass with NaN)."""
+    n, batch_shape = A.shape[-1], A.shape[:-2]
+    flat_A, flat_bad = A.reshape(-1, n, n), bad.reshape(-1)
+    total = flat_bad.numel()
+    nonfinite = (~torch.isfinite(flat_A).flatten(-2).all(-1)).nonzero().flatten()
+    if nonfinite.numel():
+        i = int(nonfinite[0])
+        pos = _position(i, batch_shape, head_axis)
+        raise NonFiniteError(_nonfinite_message(flat_A[i], where, pos, nonfinite.numel(), total))
+    failing = flat_bad.nonzero().flatten()
+    tries = settings.cholesky_jitter.max_tries()
+    jit = torch.full((total,), eps, dtype=A.dtype, device=A.device)
+    top = level = eps
+    with torch.no_grad():
+        left, sub = failing, flat_A[failing]
         for _ in range(tries):
-            if not bool((info > 0).any()):
-                return L
-            eps = eps * 10.0
-            L, info = torch.linalg.cholesky_ex(A + eps * eye)
-        if bool((info > 0).any()):
-            raise CholeskyError(_describe_failure(A, info, where, head_axis)
-                                + f"; last jitter {eps:.1e} after {tries} escalations")
-        return L
+            level = level * 10.0
+            L_sub, info = torch.linalg.cholesky_ex(sub + level * eye)
+            ok = (info == 0) & torch.isfinite(L_sub.diagonal(dim1=-2, dim2=-1)).all(-1)
+            if bool(ok.any()):
+                jit[left[ok]], top = level, level
+            left, sub = left[~ok], sub[~ok]
+            if not left.numel():
+                break
+    if left.numel():
+        i = int(left[0])
+        raise CholeskyError(_describe_failure(flat_A[i], i, batch_shape, where, head_axis)
+                            + f"; last jitter {level:.1e} after {tries} escalations")
+    L, info = torch.linalg.cholesky_ex(A + jit.view(batch_shape + (1, 1)) * eye)
+    if bool((info > 0).any()):  # pragma: no cover -- the same inputs factorised above
+        raise CholeskyError(f"Cholesky failed in {where or '<unnamed module>'} with the "
+                            "jitter that factorised it a moment ago")
+    first = _position(int(failing[0]), batch_shape, head_axis)
+    _record(where, failing.numel(), top, total, f"first {first}" if batch_shape else first)
+    return L
 
 
 def cholesky_solve(B: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
@@ -143,12 +269,24 @@ def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_axis: 
         L = \Delta^{1/2}\,\mathrm{chol}\big(\Delta^{-1/2} A \Delta^{-1/2} + \epsilon I\big), \qquad
         LL^\top = A + \epsilon\Delta, \quad \Delta = \mathrm{diag}(d)
 
-    through :func:`cholesky` (its jitter, bounded escalation and named error). The factorised
+    through :func:`cholesky` (its jitter, per-matrix escalation and named errors). The factorised
     matrix has entries of order one whatever the kernel's amplitude, so a singular kernel matrix
-    is rescued by the escalation in float32 too. No host synchronisation.
+    is rescued by the escalation in float32 too. An inf in ``A`` (an overflowing kernel, which
+    the equilibration turns into NaN) is named as the overflow it is. The one host
+    synchronisation of :func:`cholesky`.
 
     :param A: ``[..., n, n]``. :param d: ``[..., n]`` positive scales (pads: 1).
     """
     s = d.clamp_min(torch.finfo(d.dtype).tiny).rsqrt()
-    L = cholesky(A * (s.unsqueeze(-1) * s.unsqueeze(-2)), where=where, head_axis=head_axis)
+    try:
+        L = cholesky(A * (s.unsqueeze(-1) * s.unsqueeze(-2)), where=where, head_axis=head_axis)
+    except NonFiniteError:
+        flat = A.reshape((-1,) + A.shape[-2:])
+        bad = (~torch.isfinite(flat).flatten(-2).all(-1)).nonzero().flatten()
+        if not bad.numel():
+            raise
+        i = int(bad[0])
+        raise NonFiniteError(_nonfinite_message(
+            flat[i].to(settings.gp_dtype.resolve(A.dtype)), where,
+            _position(i, A.shape[:-2], head_axis), bad.numel(), flat.shape[0])) from None
     return L * (1.0 / s).unsqueeze(-1).to(L.dtype)

@@ -4,7 +4,8 @@ Every numerical knob that is a *policy* rather than a model choice lives here, s
 hard-code a jitter or a dtype:
 
 * :class:`cholesky_jitter` -- the jitter added to a diagonal before a Cholesky, per dtype, and the
-  bounded number of escalations (x10 each) before :func:`gpattn_ppl.linalg.cholesky` gives up;
+  bounded number of escalations (x10 each, of the failing matrices only) before
+  :func:`gpattn_ppl.linalg.cholesky` gives up;
 * :class:`gp_dtype` -- the dtype GP linear algebra runs in (never lower than float32, even under
   autocast);
 * :class:`posterior_mean` -- stochastic units return their posterior mean instead of a sample

@@ -56,14 +56,16 @@ def pytest_report_header(config):
 
 @pytest.fixture(autouse=True)
 def _seed_and_validate():
-    """Seed every RNG and clear Pyro's parameter store before each test."""
-    from gpattn_ppl import settings
+    """Seed every RNG, clear Pyro's parameter store and the numerics counter (and its
+    warned-once places, so a test that escalates a jitter warns whatever ran before it)."""
+    from gpattn_ppl import linalg, settings
 
     random.seed(SEED)
     np.random.seed(SEED)
     torch.manual_seed(SEED)
     pyro.set_rng_seed(SEED)
     pyro.clear_param_store()
+    linalg.reset_numerics_stats(warned=True)
     with settings.validate_args(True):
         yield
 

@@ -23,15 +23,24 @@ from ..ppl import draw, needs_site
 __all__ = ["AttentionUnit", "check_attention_inputs", "MCDropout"]
 
 
-def check_attention_inputs(x: torch.Tensor, mask: torch.Tensor | None, dim: int, where: str
-                           ) -> torch.Tensor | None:
+def check_attention_inputs(x: torch.Tensor, mask: torch.Tensor | None, dim: int, where: str,
+                           dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """Validate ``x: [B, N, C]`` and ``mask: [B, N]``; return the mask as bool.
 
-    :raises ValueError: wrong rank or width, mask shape or dtype, an all-padding row, NaN/inf.
+    :param dtype: the unit's parameter dtype; ``x`` must have it (outside autocast).
+    :raises ValueError: wrong rank or width, an empty batch or sequence, a dtype other than the
+        unit's, mask shape or dtype, an all-padding row, NaN/inf.
     """
     where = where or type(x).__name__
     if x.dim() != 3 or x.shape[-1] != dim:
         raise ValueError(f"{where}: expected x of shape [B, N, {dim}], got {tuple(x.shape)}")
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(f"{where}: empty input (B = {x.shape[0]}, N = {x.shape[1]}); every "
+                         "batch needs at least one sequence of at least one token")
+    if (dtype is not None and x.dtype != dtype and x.is_floating_point()
+            and not torch.is_autocast_enabled(x.device.type)):
+        raise ValueError(f"{where}: x is {x.dtype} but the unit's parameters are {dtype}; cast "
+                         f"one to the other (e.g. unit.to({x.dtype}))")
     if mask is not None:
         if mask.shape != x.shape[:2]:
             raise ValueError(f"{where}: mask must have shape [B, N] = {tuple(x.shape[:2])}, "
@@ -110,7 +119,9 @@ class AttentionUnit(nn.Module):
         return self.attend(x, mask)
 
     def _check(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
-        return check_attention_inputs(x, mask, self.dim, self.site_prefix or type(self).__name__)
+        param = next(self.parameters(), None)
+        return check_attention_inputs(x, mask, self.dim, self.site_prefix or type(self).__name__,
+                                      None if param is None else param.dtype)
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The unit's computation ``[B, N, C] -> [B, N, C]``; subclasses implement it.

@@ -35,6 +35,10 @@ class _CorrelatedAttention(AttentionUnit):
 
     stochastic = True
 
+    def _where(self) -> str:
+        """The module path named in numerics messages (the class name outside a model)."""
+        return self.site_prefix or type(self).__name__
+
     def _init_reduction(self, reduction: str) -> None:
         if reduction not in _REDUCTIONS:
             raise ValueError(f"cgp_reduction must be one of {', '.join(_REDUCTIONS)}, "
@@ -86,7 +90,7 @@ class _CorrelatedAttention(AttentionUnit):
         mask = self._check(x, mask)
         q, k, _, x_o = self.project(x)
         with gp_precision(x.device.type):
-            return self.gp.attention_matrix(self.gp.terms(q, k, x_o, mask, where=self.site_prefix))
+            return self.gp.attention_matrix(self.gp.terms(q, k, x_o, mask, where=self._where()))
 
     def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> AttentionPredictive:
         """The predictive of the head outputs ``[B, H, N, D]`` at ``x`` (no sampling): the GP's
@@ -94,7 +98,7 @@ class _CorrelatedAttention(AttentionUnit):
         mask = self._check(x, mask)
         q, k, v, x_o = self.project(x)
         with gp_precision(x.device.type):
-            t = self.gp.terms(q, k, x_o, mask, where=self.site_prefix)
+            t = self.gp.terms(q, k, x_o, mask, where=self._where())
             return AttentionPredictive.from_token_normal(self.gp.predictive(t, v))
 
     def _emit(self, gp, t, v: torch.Tensor, x: torch.Tensor):
@@ -180,7 +184,7 @@ class CGPTAttention(_CorrelatedAttention):
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v, x_o = self.project(x)
-        t = self.gp.terms(q, k, x_o, mask, where=self.site_prefix)
+        t = self.gp.terms(q, k, x_o, mask, where=self._where())
         out, nu = self._emit(self.gp, t, v, x)
         if self.training and self.cgp_loss != "none":
             bound = self.gp.lower_bound(t, nu, v, self.cgp_loss, self.cgp_samples,

@@ -98,7 +98,7 @@ class SCGPTAttention(_CorrelatedAttention):
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v, x_o = self.project(x)
         self._maybe_init_inducing(x_o, k, mask)
-        t = self.gp.terms(q, k, x_o, mask, where=self.site_prefix)
+        t = self.gp.terms(q, k, x_o, mask, where=self._where())
         out, nu = self._emit(self.gp, t, v, x)
         if self.training and self.cgp_loss != "none":
             self._add_cgp_term(self.gp.lower_bound(t, nu, v), mask, x.shape[1], x.dtype)

@@ -40,6 +40,8 @@ class TokenNormal(TorchDistribution):
     :param scale_tril: ``[..., N, N]`` lower Cholesky factor of :math:`\Sigma`.
     :param cov_root: ``[..., N, r]`` root R of the low-rank part.
     :param noise_var: :math:`s^2 > 0` (float or tensor broadcastable to the batch shape).
+    :param where: the module path named if the capacitance of :meth:`log_prob` cannot be
+        factorised (default ``"TokenNormal"``).
 
     The whitened inducing values of standard SGPA are a ``TokenNormal`` too (row covariance
     :math:`RR^\top` shared by the D channels). The KL between two dense ``TokenNormal``
@@ -58,12 +60,13 @@ class TokenNormal(TorchDistribution):
 
     def __init__(self, loc: torch.Tensor, scale_tril: torch.Tensor | None = None, *,
                  cov_root: torch.Tensor | None = None, noise_var=None,
-                 validate_args: bool | None = None) -> None:
+                 validate_args: bool | None = None, where: str = "") -> None:
         if (scale_tril is None) == (cov_root is None):
             raise ValueError("TokenNormal: give exactly one of scale_tril or cov_root")
         if cov_root is not None and noise_var is None:
             raise ValueError("TokenNormal: cov_root needs noise_var (the isotropic part s^2)")
         self.loc = loc
+        self.where = where or type(self).__name__
         self.scale_tril = scale_tril
         self.cov_root = cov_root
         if noise_var is not None and not torch.is_tensor(noise_var):
@@ -111,7 +114,7 @@ class TokenNormal(TorchDistribution):
         nv = self.noise_var
         return TokenNormal(loc, cov_root=self.cov_root.expand(batch_shape + self.cov_root.shape[-2:]),
                            noise_var=nv.expand(batch_shape) if nv.dim() else nv,
-                           validate_args=False)
+                           validate_args=False, where=self.where)
 
     # -- sampling and density -------------------------------------------------------------------
     def rsample(self, sample_shape=()) -> torch.Tensor:
@@ -140,7 +143,8 @@ class TokenNormal(TorchDistribution):
             R, nv = self.cov_root, self._nv()
             s2 = nv[..., 0, 0]
             eye = torch.eye(R.shape[-1], dtype=R.dtype, device=R.device)
-            Lc = linalg.cholesky(eye + (R.mT @ R) / nv)  # capacitance I + R^T R / s^2
+            Lc = linalg.cholesky(eye + (R.mT @ R) / nv,  # capacitance I + R^T R / s^2
+                                 where=f"{self.where} capacitance")
             w = linalg.triangular_solve(R.mT @ r, Lc.expand(r.shape[:-2] + Lc.shape[-2:]))
             quad = r.square().sum((-1, -2)) / s2 - w.square().sum((-1, -2)) / s2**2
             logdet = N * s2.log() + 2.0 * Lc.diagonal(dim1=-2, dim2=-1).log().sum(-1)

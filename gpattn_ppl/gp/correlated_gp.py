@@ -80,7 +80,7 @@ class CGPTerms(KernelTerms):
         self.sq = scale_q.to(dtype).view(-1, 1, 1)
         self.sk = scale_k.to(dtype).view(-1, 1, 1)
         self.noise_var = float(noise) ** 2
-        self.mask, self.where = mask, where
+        self.mask, self.where = mask, where or type(self).__name__
         self.kernel = kernel if kernel is not None else CanonicalSEKernel()
         self.pair, self.pad_eye, self.n_b = _masks(mask, dtype)
         self.kernel_mask = self.pair
@@ -90,8 +90,9 @@ class CGPTerms(KernelTerms):
             self.n_b = torch.full((q.shape[0], 1), float(N), dtype=dtype, device=q.device)
 
     # -- kernels ----------------------------------------------------------------------------
-    def _chol(self, A):
-        return linalg.cholesky(linalg.symmetrise(A) + self.pad_eye, where=self.where, head_axis=1)
+    def _chol(self, A, name: str):
+        return linalg.cholesky(linalg.symmetrise(A) + self.pad_eye, where=f"{self.where} {name}",
+                               head_axis=1)
 
     @cached_property
     def K_o(self):
@@ -116,11 +117,11 @@ class CGPTerms(KernelTerms):
     # -- factors ------------------------------------------------------------------------------
     @cached_property
     def L_o(self):
-        return self._chol(self.K_o + self.noise_var * self.eye)
+        return self._chol(self.K_o + self.noise_var * self.eye, "K_o + s2 I")
 
     @cached_property
     def L_k(self):
-        return self._chol(self.K_k + self.noise_var * self.eye)
+        return self._chol(self.K_k + self.noise_var * self.eye, "K_k + s2 I")
 
     @cached_property
     def R_q(self):
@@ -272,7 +273,7 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         r"""The predictive distribution :math:`z_q\mid z_k \sim` :class:`TokenNormal`
         :math:`(\nu, \Sigma_\text{post})`, batch ``[B, H]``, event ``(N, D)``; padded rows get
         unit variance (they are ignored downstream)."""
-        L = linalg.cholesky(t.sigma_post + t.pad_eye, where=t.where, head_axis=1)
+        L = linalg.cholesky(t.sigma_post + t.pad_eye, where=f"{t.where} Sigma_post", head_axis=1)
         return TokenNormal(self.mean(t, v) if mean is None else mean, scale_tril=L)
 
     # -- the CGP regulariser --------------------------------------------------------------------
@@ -320,16 +321,18 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         floor = 0.0
         if observation_noise:  # sigma^2 I on the real block; pads keep their unit diagonal
             floor = t.noise_var * (t.eye if t.pair is None else t.eye * t.pair)
-        chol = lambda S: linalg.cholesky(S + floor + t.pad_eye, where=t.where,  # noqa: E731
-                                         head_axis=1)
+        def chol(S, name):
+            return linalg.cholesky(S + floor + t.pad_eye, where=f"{t.where} {name}", head_axis=1)
+
         if kind == "marginal":
             bound = 0.0
-            for target, S in ((nu, t.sigma_q + t.X_q), (z, t.sigma_k + t.X_k)):
-                L = chol(S)
+            for target, S, name in ((nu, t.sigma_q + t.X_q, "Sigma_q + X_q"),
+                                    (z, t.sigma_k + t.X_k, "Sigma_k + X_k")):
+                L = chol(S, name)
                 quad = linalg.triangular_solve(target, L).square().sum((-1, -2))
                 bound = bound - 0.5 * (quad + D * _logdet(L, t.mask) + const)
             return bound.sum(-1)
-        L_q, L_k = chol(t.sigma_q), chol(t.sigma_k)
+        L_q, L_k = chol(t.sigma_q, "Sigma_q"), chol(t.sigma_k, "Sigma_k")
         if kind == "jensen":
             bound = 0.0
             for target, L, X in ((nu, L_q, t.X_q), (z, L_k, t.X_k)):
@@ -338,7 +341,7 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
                 bound = bound - 0.5 * (quad + D * tr + D * _logdet(L, t.mask) + const)
             return bound.sum(-1)
         # "mc": the paper's estimator, z_o ~ N(0, K_o)
-        L_0 = chol(t.K_o)
+        L_0 = chol(t.K_o, "K_o")
         eps = torch.randn((int(samples),) + t.K_o.shape[:-1] + (1,), dtype=t.dtype,
                           device=t.device)
         z_o = L_0 @ eps  # [S, B, H, N, 1]

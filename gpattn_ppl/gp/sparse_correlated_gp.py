@@ -58,7 +58,7 @@ class SCGPTerms(KernelTerms):
         self.sq = scale_q.to(dtype).view(-1, 1, 1)
         self.sk = scale_k.to(dtype).view(-1, 1, 1)
         self.noise_var = float(noise) ** 2
-        self.mask, self.where, self.k_o = mask, where, k_o
+        self.mask, self.where, self.k_o = mask, where or type(self).__name__, k_o
         self.kernel = kernel if kernel is not None else CanonicalSEKernel()
         N = q.shape[-2]
         if mask is None:
@@ -70,8 +70,8 @@ class SCGPTerms(KernelTerms):
             self.n_b = m.sum(-1, keepdim=True)
         self.kernel_mask = self.row
 
-    def _chol(self, A):
-        return linalg.cholesky(linalg.symmetrise(A), where=self.where, head_axis=1)
+    def _chol(self, A, name: str):
+        return linalg.cholesky(linalg.symmetrise(A), where=f"{self.where} {name}", head_axis=1)
 
     # -- kernels ----------------------------------------------------------------------------
     @cached_property
@@ -112,11 +112,11 @@ class SCGPTerms(KernelTerms):
 
     @cached_property
     def L_m(self):
-        return self._chol(self.noise_var * self.K_mm + self.P_m)
+        return self._chol(self.noise_var * self.K_mm + self.P_m, "B_m")
 
     @cached_property
     def L_l(self):
-        return self._chol(self.noise_var * self.K_ll + self.K_kl.mT @ self.K_kl)
+        return self._chol(self.noise_var * self.K_ll + self.K_kl.mT @ self.K_kl, "B_l")
 
     @cached_property
     def C_ml(self):
@@ -129,7 +129,7 @@ class SCGPTerms(KernelTerms):
         if self.k_o == "exact":
             return linalg.symmetrise(U.mT @ (self.K_o @ U))
         W = U.mT @ self.K_ol  # [.., r, l]
-        L = self._chol(self.K_ll)
+        L = self._chol(self.K_ll, "K_ll")
         Y = linalg.triangular_solve(W.mT, L)
         return linalg.symmetrise(Y.mT @ Y)
 
@@ -247,7 +247,7 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
         A_qm = linalg.cholesky_solve(t.K_qm.mT, t.L_m).mT             # K_qm B~_m^-1  [N, m]
         J_lm = linalg.triangular_solve(t.C_ml.mT, t.L_l)               # L_l^-1 K_lo K_om [l, m]
         M = t.noise_var * t.K_mm + 2.0 * t.P_m + J_lm.mT @ J_lm
-        L_M = linalg.cholesky(linalg.symmetrise(M), where=t.where, head_axis=1)
+        L_M = linalg.cholesky(linalg.symmetrise(M), where=f"{t.where} M", head_axis=1)
         return math.sqrt(t.noise_var) * (A_qm @ L_M)
 
     def predictive(self, t: SCGPTerms, v: torch.Tensor, mean: torch.Tensor | None = None
@@ -255,7 +255,8 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
         r""":math:`z_q\mid z_k\sim` :class:`TokenNormal` :math:`(\nu, \sigma^2I + RR^\top)`."""
         nu = self.mean(t, v) if mean is None else mean
         return TokenNormal(nu, cov_root=self.cov_root(t),
-                           noise_var=torch.tensor(t.noise_var, dtype=t.dtype, device=t.device))
+                           noise_var=torch.tensor(t.noise_var, dtype=t.dtype, device=t.device),
+                           where=t.where)
 
     # -- the sparse CGP regulariser -------------------------------------------------------------
     def lower_bound(self, t: SCGPTerms, nu: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -287,7 +288,8 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
         E_q = linalg.cholesky_solve(P_q, t.L_m)
         tr_q = _tr(linalg.cholesky_solve(t.nystrom(t.K_om) @ E_q, t.L_m)) + s2 * _tr(E_q)
         # key side, set l (B~'_l uses the latent inputs)
-        L_lo = linalg.cholesky(linalg.symmetrise(s2 * t.K_ll + t.K_ol.mT @ t.K_ol), where=t.where, head_axis=1)
+        L_lo = linalg.cholesky(linalg.symmetrise(s2 * t.K_ll + t.K_ol.mT @ t.K_ol),
+                               where=f"{t.where} B'_l", head_axis=1)
         P_k = t.K_kl.mT @ t.K_kl
         E_k = linalg.cholesky_solve(P_k, L_lo)
         tr_k = _tr(linalg.cholesky_solve(t.nystrom(t.K_ol) @ E_k, L_lo)) + s2 * _tr(E_k)

@@ -1,7 +1,8 @@
 """Inference: the Pyro program (model / guide, ELBO), the fit loop, prediction, checkpoints.
 
 * :mod:`~gpattn_ppl.infer.program` -- :class:`PyroProgram`, the model and guide of a network;
-* :mod:`~gpattn_ppl.infer.fit` -- :func:`fit_epoch`, one pass of optimiser steps, and the
+* :mod:`~gpattn_ppl.infer.fit` -- :func:`fit_epoch`, one pass of optimiser steps (stopping at
+  the first non-finite step), :func:`objective_checks` of the objective's scale, and the
   learning-rate schedule :func:`lr_lambda`;
 * :mod:`~gpattn_ppl.infer.predictive` -- :func:`predict`, T stochastic passes;
 * :mod:`~gpattn_ppl.infer.checkpoint` -- atomic checkpoints, RNG states, warm starts.
@@ -16,10 +17,18 @@ from .checkpoint import (
     save_atomic,
     set_rng_state,
 )
-from .fit import epoch_clock, fit_epoch, lr_lambda
+from .fit import (
+    LOSS_RANGE,
+    TERM_HINTS,
+    TERM_RATIO,
+    epoch_clock,
+    fit_epoch,
+    lr_lambda,
+    objective_checks,
+)
 from .predictive import predict
 from .program import PyroProgram
 
-__all__ = ["CheckpointError", "PyroProgram", "atomic_write", "epoch_clock", "fit_epoch", "init_from",
-           "load_checkpoint", "lr_lambda", "predict", "rng_state", "save_atomic",
-           "set_rng_state"]
+__all__ = ["CheckpointError", "LOSS_RANGE", "PyroProgram", "TERM_HINTS", "TERM_RATIO",
+           "atomic_write", "epoch_clock", "fit_epoch", "init_from", "load_checkpoint", "lr_lambda",
+           "objective_checks", "predict", "rng_state", "save_atomic", "set_rng_state"]

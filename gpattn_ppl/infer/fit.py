@@ -17,10 +17,13 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from .. import settings
+from ..errors import DivergenceError
+from ..linalg import CholeskyError, NonFiniteError
+from ..ppl import OBJECTIVE_WEIGHTS
 from .program import PyroProgram
 
-__all__ = ["epoch_clock", "fit_epoch", "lr_lambda"]
+__all__ = ["LOSS_RANGE", "TERM_HINTS", "TERM_RATIO", "epoch_clock", "fit_epoch", "lr_lambda",
+           "objective_checks"]
 
 
 def lr_lambda(schedule: str, total_steps: int, warmup_steps: int, min_ratio: float):
@@ -50,8 +53,8 @@ def epoch_clock(epoch: int | float, steps_per_epoch: int) -> Callable[[int], flo
 def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: Iterable, *,
               scheduler=None, grad_clip: float | None = None,
               clock: Callable[[int], float] | None = None, progress=None,
-              step_losses: list | None = None, epoch: int | float | None = None
-              ) -> dict[str, float]:
+              step_losses: list | None = None, epoch: int | float | None = None,
+              checks: dict | None = None) -> dict[str, float]:
     """One pass of optimiser steps over ``batches``.
 
     Per step ``i``, in this order: draw the batch (the iterable may be lazy, so its random
@@ -59,28 +62,40 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
     :meth:`~gpattn_ppl.infer.PyroProgram.set_epoch` to ``clock(i)``, compute
     :meth:`~gpattn_ppl.infer.PyroProgram.loss`, ``zero_grad``, ``backward``, clip the gradient
     norm of the network's parameters to ``grad_clip`` (when truthy), ``optimizer.step()``,
-    ``scheduler.step()``.
+    ``scheduler.step()``. The loss is read to the host once per step, before ``backward``: a
+    non-finite loss stops the pass before it reaches the parameters.
 
     :param clock: step index -> fractional epoch (:func:`epoch_clock`); ``None`` leaves the
         program's clock where it is.
     :param progress: an object with ``update(1)`` (a tqdm bar), called after each step.
-    :param step_losses: a list the detached per-step losses are appended to (as floats).
-    :param epoch: named in the error when the loss becomes non-finite (default: ``clock(0)``).
-    :returns: ``{"loss": mean loss, "term/<name>": mean of each objective term}``.
-    :raises FloatingPointError: a non-finite mean loss (when ``settings.validate_args`` is on).
+    :param step_losses: a list the per-step losses are appended to (as floats).
+    :param epoch: named in the error when training diverges (default: ``clock(0)``).
+    :param checks: a dict receiving ``{key: message}`` of :func:`objective_checks` on this
+        pass's means (an objective term or the loss out of its usual range).
+    :returns: ``{"loss": mean loss, "nll": mean cross-entropy, "term/<name>": mean of each
+        objective term}`` (``nll`` when the program records it).
+    :raises DivergenceError: the loss, the logits or the parameters became non-finite; names
+        the epoch, the step (1-based) and the term(s) that went non-finite.
     :raises ValueError: ``batches`` is empty.
     """
     net = program.net
     net.train()
-    device = next(net.parameters()).device
-    loss_sum = torch.zeros((), device=device)
+    if epoch is None:
+        epoch = clock(0) if clock is not None else program.epoch
     term_sums: dict[str, torch.Tensor] = {}
-    losses: list[torch.Tensor] = []
-    n_steps = 0
+    shares: dict[str, torch.Tensor] = {}
+    nll_sum, loss_sum, n_steps = None, 0.0, 0
     for i, b in enumerate(batches):
         if clock is not None:
             program.set_epoch(clock(i))
-        loss = program.loss(b.x, b.mask, b.y, b.index)
+        try:
+            loss = program.loss(b.x, b.mask, b.y, b.index)
+        except (ValueError, CholeskyError) as err:
+            _raise_if_diverged(err, program, epoch, i)
+            raise
+        value = float(loss.detach())  # the one host synchronisation of a step
+        if not math.isfinite(value):
+            raise DivergenceError(_divergence_message(program, epoch, i, value))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if grad_clip:
@@ -88,21 +103,129 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
-        loss_sum += loss.detach()
-        for name, value in program.last_terms.items():
-            term_sums[name] = term_sums.get(name, 0.0) + value
+        loss_sum += value
+        scales = getattr(program, "last_scales", {})
+        for name, term in program.last_terms.items():
+            term_sums[name] = term_sums.get(name, 0.0) + term
+            if name in scales:
+                shares[name] = shares.get(name, 0.0) + scales[name] * term
+        nll = getattr(program, "last_nll", None)
+        if nll is not None:
+            nll_sum = nll if nll_sum is None else nll_sum + nll
         n_steps += 1
-        losses.append(loss.detach())
+        if step_losses is not None:
+            step_losses.append(value)
         if progress is not None:
             progress.update(1)
     if n_steps == 0:
         raise ValueError("fit_epoch: no batches")
-    if step_losses is not None:
-        step_losses.extend(float(v) for v in losses)
-    if settings.validate_args.value() and not math.isfinite(float(loss_sum)):
-        if epoch is None:
-            epoch = clock(0) if clock is not None else program.epoch
-        raise FloatingPointError(f"training loss became non-finite in epoch {epoch}")
-    out = {"loss": float(loss_sum) / n_steps}
+    out = {"loss": loss_sum / n_steps}
+    if nll_sum is not None:
+        out["nll"] = float(nll_sum) / n_steps
     out.update({f"term/{k}": float(v) / n_steps for k, v in term_sums.items()})
+    if checks is not None:
+        checks.update(objective_checks(out["loss"], out.get("nll"),
+                                       {k: float(v) / n_steps for k, v in shares.items()}))
+    return out
+
+
+# -- divergence ----------------------------------------------------------------------------------
+_HINT = "lower train.lr, set train.grad_clip, or warm the objective weights up"
+
+
+def _raise_if_diverged(err: Exception, program: PyroProgram, epoch, i: int) -> None:
+    """Turn an error of the forward pass that is a symptom of divergence (non-finite
+    parameters, logits, objective terms or kernel matrices) into a :class:`DivergenceError`
+    naming epoch and step; any other error is left alone (the failure path: syncs freely)."""
+    first = str(err).split("\n", 1)[0]
+    where = f"training diverged in epoch {epoch}, step {i + 1}"
+    bad = [n for n, p in program.net.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise DivergenceError(f"{where}: parameters became non-finite in the previous step "
+                              f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}; a "
+                              f"gradient overflowed); {_HINT}. The forward pass then failed: "
+                              f"{first}") from err
+    if isinstance(err, NonFiniteError) or "NaN or inf" in first:
+        raise DivergenceError(f"{where}: {first}; {_HINT}") from err
+    if "invalid values" not in first:  # not a distribution's check of a non-finite parameter
+        return
+    if "parameter logits" in first:
+        what = "the logits of the likelihood term 'y' (the cross-entropy) became non-finite"
+    else:  # a pyro.factor of an objective term: the model recorded it just before
+        terms = [n for n, v in program.last_terms.items() if not bool(torch.isfinite(v).all())]
+        what = (f"objective term(s) {', '.join(terms)} became non-finite" if terms
+                else first)
+    raise DivergenceError(f"{where}: {what}; {_HINT}") from err
+
+
+def _divergence_message(program: PyroProgram, epoch, i: int, value: float) -> str:
+    """Which term of a non-finite loss went non-finite (the failure path: syncs freely)."""
+    terms = [n for n, v in program.last_terms.items() if not bool(torch.isfinite(v).all())]
+    nll = getattr(program, "last_nll", None)
+    if nll is not None and not bool(torch.isfinite(nll)):
+        terms.insert(0, "y (the cross-entropy of the labels)")
+    what = (f"non-finite term(s): {', '.join(terms)}" if terms
+            else "every recorded term is finite: the ELBO's latent sites (their KL or "
+                 "log-densities) went non-finite")
+    return (f"training diverged in epoch {epoch}, step {i + 1}: the loss is non-finite "
+            f"({value}); {what}; {_HINT}")
+
+
+# -- objective terms out of range ----------------------------------------------------------------
+#: per-datum loss bounds: below, a term unbounded below is being exploited (e.g. the summed CGP
+#: bound); above, the data term no longer matters
+LOSS_RANGE = (-10.0, 1e4)
+#: a term's per-datum share of the loss larger than this many cross-entropies is warned about
+TERM_RATIO = 100.0
+#: term -> the config change that brings it back in range (default: its weight's key)
+TERM_HINTS = {
+    "kl": "lower train.objective.kl_weight or warm it up (kl_weight: {kind: linear, start: 0, "
+          "end: 1})",
+    "cgp_loss": "use model.attention.cgp_reduction: mean (the paper's summed bound is unbounded "
+                "and ~1e4 x the cross-entropy), a larger model.attention.noise (the bound scales "
+                "as 1/noise^2) or a smaller train.objective.cgp_alpha",
+}
+
+
+def _hint(name: str) -> str:
+    term = name.rsplit(".", 1)[-1].removesuffix("_global")
+    if term in TERM_HINTS:
+        return TERM_HINTS[term]
+    key = OBJECTIVE_WEIGHTS.get(term, (None,))[0]
+    return f"lower train.objective.{key}" if key else "lower its weight"
+
+
+def objective_checks(loss: float, nll: float | None, shares: dict[str, float]) -> dict[str, str]:
+    r"""Messages for an epoch whose objective is out of its usual range, keyed by a stable key
+    (``"<term>:ratio"``, ``"loss:range"``) for once-per-run reporting.
+
+    * a term whose per-datum share of the loss :math:`w_t\bar\ell_t` (global terms divided by
+      :math:`N_\text{data}`) exceeds :data:`TERM_RATIO` times the mean cross-entropy;
+    * a mean loss outside :data:`LOSS_RANGE` (nats per datum).
+
+    Each message names the term and the config option that fixes it.
+
+    >>> sorted(objective_checks(-98.4, 0.6, {"blocks.0.attn.cgp_loss": -99.0}))
+    ['cgp_loss:ratio', 'loss:range']
+    """
+    out = {}
+    if nll is not None and math.isfinite(nll) and nll > 0:
+        worst: dict[str, tuple[float, str]] = {}
+        for name, share in shares.items():
+            term = name.rsplit(".", 1)[-1].removesuffix("_global")
+            if abs(share) > TERM_RATIO * nll and abs(share) > worst.get(term, (0.0, ""))[0]:
+                worst[term] = (abs(share), name)
+        for term, (size, name) in worst.items():
+            out[f"{term}:ratio"] = (
+                f"objective term {name} is {shares[name]:.3g} per datum, {size / nll:.0f}x the "
+                f"cross-entropy ({nll:.3g}): the labels hardly shape the training any more; "
+                f"{_hint(name)}")
+    low, high = LOSS_RANGE
+    if not low <= loss <= high:
+        name = (min(shares, key=shares.get) if loss < low else max(shares, key=shares.get)
+                ) if shares else None
+        cause = (f"; the largest {'negative' if loss < low else 'positive'} term is {name} "
+                 f"({shares[name]:.3g} per datum): {_hint(name)}") if name else ""
+        out["loss:range"] = (f"the training loss is {loss:.3g} nats per datum, outside "
+                             f"[{low:g}, {high:g}]{cause}")
     return out

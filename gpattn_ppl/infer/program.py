@@ -8,6 +8,7 @@ import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
+import torch.nn.functional as F
 from pyro.infer import TraceMeanField_ELBO
 from torch import nn
 
@@ -60,7 +61,12 @@ class PyroProgram:
         self.use_param_store = use_param_store
         self.epoch, self.total_epochs = 0.0, total_epochs
         self.elbo = TraceMeanField_ELBO()
+        #: the last model run's objective terms (detached, averaged over the batch), the
+        #: factor turning each into its per-datum share of the loss (its weight, divided by
+        #: N_data for a global term) and the mean cross-entropy of the labels (the term ``y``)
         self.last_terms: dict[str, torch.Tensor] = {}
+        self.last_scales: dict[str, float] = {}
+        self.last_nll: torch.Tensor | None = None
 
     # -- the clock ------------------------------------------------------------------------------
     def set_epoch(self, t: float) -> dict[str, float]:
@@ -91,10 +97,11 @@ class PyroProgram:
         plate = self._plate(x.shape[0], index)
         with site_context(SiteContext(self.mode, "model", plate, self.weight)):
             logits = self.forward_module(x, mask)
-        self.last_terms = {}
+        self.last_terms, self.last_scales = {}, {}
         for name, value in self.net.objective_terms().items():
             self.last_terms[name] = value.detach().mean()
             w = self.weight(name)
+            self.last_scales[name] = w if value.dim() else w / self.num_data
             if w == 0:
                 continue
             scale = poutine.scale(scale=w) if w != 1 else contextlib.nullcontext()
@@ -103,6 +110,10 @@ class PyroProgram:
         with plate:
             pyro.deterministic("logits", logits, event_dim=1)
             pyro.sample("y", dist.Categorical(logits=logits), obs=y)
+        if y is not None:
+            lg = logits.detach()
+            self.last_nll = F.cross_entropy(lg.reshape(-1, lg.shape[-1]),
+                                            y.expand(lg.shape[:-1]).reshape(-1))
         return logits
 
     def guide(self, x, mask=None, y=None, index=None):

@@ -7,7 +7,6 @@ here is asserted by tests; results are written as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -167,11 +166,14 @@ def machine_info() -> dict:
 
 
 def write_json(obj: dict, path: str | Path) -> Path:
-    """Write ``obj`` (plus machine info) as indented JSON; returns the path."""
+    """Write ``obj`` (plus machine info) as indented strict JSON (non-finite numbers become
+    ``null``); returns the path."""
+    from .output import dumps
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     obj = {"machine": machine_info(), **obj}
-    path.write_text(json.dumps(obj, indent=1))
+    path.write_text(dumps(obj) + "\n")
     return path
 
 

@@ -20,11 +20,14 @@ import csv
 import json
 import math
 import time
+import warnings
 from pathlib import Path
 
 import torch
 import yaml
 
+from .. import linalg
+from ..errors import NumericsWarning
 from ..infer import (
     CheckpointError,
     PyroProgram,
@@ -130,13 +133,17 @@ class Trainer:
             self.optimizer, lr_lambda(t["schedule"], total, warm, t["min_lr"] / t["lr"]))
         self.epoch, self.history, self.step_losses = 0, [], []
         self.best = {"epoch": -1, "score": None}
+        #: keys of the objective checks already warned about (once per run, across resumes)
+        self.warned: list[str] = []
+        #: the last epoch's objective checks (:func:`~gpattn_ppl.infer.objective_checks`)
+        self.last_checks: dict[str, str] = {}
 
     # -- persistence ----------------------------------------------------------------------------
     def _state(self) -> dict:
         return {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "epoch": self.epoch,
                 "history": self.history, "step_losses": self.step_losses, "best": self.best,
-                "rng": rng_state(), "config": self.cfg}
+                "rng": rng_state(), "config": self.cfg, "warned": self.warned}
 
     def _write_static(self) -> None:
         """``config.yaml``, ``run.json`` and ``encoder.json`` (after the folder check)."""
@@ -171,6 +178,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.epoch, self.history = state["epoch"], state["history"]
         self.step_losses, self.best = state["step_losses"], state["best"]
+        self.warned = list(state.get("warned", []))
         set_rng_state(state["rng"])
         return True
 
@@ -185,13 +193,37 @@ class Trainer:
                                           generator=generator).to(self.device)
 
     def train_epoch(self, progress=None) -> dict:
-        """One pass over the training split; returns mean loss and mean objective terms."""
+        """One pass over the training split; returns mean loss, cross-entropy and objective
+        terms, and keeps the pass's objective checks in ``last_checks``.
+
+        :raises DivergenceError: the training went non-finite (names the epoch as numbered in
+            the history, the step and the term).
+        """
         t = self.cfg["train"]
         gen = torch.Generator().manual_seed(t["seed"] * 1_000_003 + self.epoch)
+        self.last_checks = {}
         return fit_epoch(self.program, self.optimizer, self._batches(gen),
                          scheduler=self.scheduler, grad_clip=t["grad_clip"],
                          clock=epoch_clock(self.epoch, self.steps_per_epoch), progress=progress,
-                         step_losses=self.step_losses, epoch=self.epoch)
+                         step_losses=self.step_losses, epoch=self.epoch + 1,
+                         checks=self.last_checks)
+
+    def _numerics_row(self) -> dict:
+        """This epoch's jitter escalations and the objective checks not warned about before in
+        this run (warned now, once each), as history entries."""
+        stats = linalg.numerics_stats()
+        row = {"numerics/escalations": stats["escalations"],
+               "numerics/max_jitter": stats["max_jitter"]}
+        if stats["by_where"]:
+            row["numerics/by_where"] = stats["by_where"]
+        new = [(k, m) for k, m in self.last_checks.items() if k not in self.warned]
+        for key, message in new:
+            self.warned.append(key)
+            if self.rank == 0:
+                warnings.warn(f"epoch {self.epoch + 1}: {message}", NumericsWarning, stacklevel=3)
+        if new:
+            row["warnings"] = [f"epoch {self.epoch + 1}: {m}" for _, m in new]
+        return row
 
     def validate(self) -> dict:
         """Metrics of the current model on the validation split (MC passes as in evaluation)."""
@@ -212,14 +244,18 @@ class Trainer:
         if self.rank == 0:
             self._write_static()
         barrier(self.world)
-        if self.action == "resume":
-            self.resume()
+        # a process killed between last.pt and the logs left them an epoch behind the checkpoint
+        # (after the last epoch no later epoch rewrites them): rewrite them from the checkpoint
+        if self.action == "resume" and self.resume() and self.rank == 0:
+            self._write_logs()
+        linalg.reset_numerics_stats(warned=True)  # each place warns once in this run
         t = self.cfg["train"]
         higher = HIGHER_IS_BETTER.get(self.select_metric, True)
         bar = tqdm(total=self.steps_per_epoch * t["epochs"], initial=self.steps_per_epoch * self.epoch,
                    disable=not t["progress"] or self.rank != 0, desc=self.label, leave=False)
         try:
             while self.epoch < t["epochs"]:
+                linalg.reset_numerics_stats()
                 start = time.perf_counter()
                 train_stats = self.train_epoch(bar)
                 seconds = time.perf_counter() - start
@@ -228,7 +264,8 @@ class Trainer:
                 better = (self.best["score"] is None
                           or (score > self.best["score"] if higher else score < self.best["score"]))
                 row = {"epoch": self.epoch + 1, "seconds": seconds, "lr": self.scheduler.get_last_lr()[0],
-                       **train_stats, **{f"val/{k}": v for k, v in val.items()}}
+                       **train_stats, **{f"val/{k}": v for k, v in val.items()},
+                       **self._numerics_row()}
                 self.history.append(row)
                 self.epoch += 1
                 if self.rank == 0:
@@ -249,11 +286,14 @@ class Trainer:
         return self.evaluate()
 
     def _write_logs(self) -> None:
+        """``history.json`` (every entry) and ``log.csv`` (the scalar ones: no warnings or
+        per-place escalation counts)."""
         write_json_atomic(self.history, self.run_dir / "history.json")
-        keys = sorted({k for row in self.history for k in row}, key=lambda k: (k != "epoch", k))
+        keys = sorted({k for row in self.history for k, v in row.items()
+                       if not isinstance(v, (list, dict))}, key=lambda k: (k != "epoch", k))
 
         def write(fh):
-            w = csv.DictWriter(fh, fieldnames=keys)
+            w = csv.DictWriter(fh, fieldnames=keys, extrasaction="ignore")
             w.writeheader()
             w.writerows(self.history)
 
@@ -392,9 +432,17 @@ def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank:
     net.load_state_dict(state["model"])
     # the MC passes of the evaluation are seeded: train and a later evaluate give equal numbers
     devices = [device] if device.type == "cuda" else []
+    linalg.reset_numerics_stats()
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(cfg["train"]["seed"] + 104_729)
         results = evaluate_model(program, bundle, cfg, device, ood=ood)
+    numerics = _numerics_summary(history, linalg.numerics_stats())
+    results["warnings"] += [w for r in history for w in r.get("warnings", [])]
+    if numerics["escalations"]:
+        places = ", ".join(f"{w} ({n})" for w, n in numerics["by_where"].items())
+        results["warnings"].append(
+            f"numerics: {numerics['escalations']} Cholesky jitter escalation(s), largest jitter "
+            f"{numerics['max_jitter']:.0e}, in {places} (near-singular kernel matrices)")
     seconds = [r["seconds"] for r in history]
     score = state.get("score")
     if score is None:  # best.pt of an older version: the score is in the history
@@ -408,7 +456,7 @@ def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank:
     results["cost"] = {"sec_per_epoch": sum(seconds) / max(len(seconds), 1),
                        "peak_mem_mb": peak_memory_mb(device),
                        "params": sum(p.numel() for p in net.parameters()),
-                       "epochs": len(history)}
+                       "epochs": len(history), "numerics": numerics}
     if warm_start is not None:
         results["warm_start"] = {"source": warm_start["source"],
                                  "loaded": len(warm_start["loaded"])}
@@ -422,6 +470,21 @@ def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank:
             calibration.unlink(missing_ok=True)
         write_json_atomic(results, run_dir / "results.json")
     return json.loads(dumps(results))
+
+
+def _numerics_summary(history: list, evaluation: dict) -> dict:
+    """Jitter escalations of the run: the history's per-epoch counts plus the evaluation's
+    (:func:`gpattn_ppl.linalg.numerics_stats`), with the largest jitter and the places."""
+    by_where: dict[str, int] = {}
+    for part in [r.get("numerics/by_where", {}) for r in history] + [evaluation["by_where"]]:
+        for where, n in part.items():
+            by_where[where] = by_where.get(where, 0) + n
+    return {"escalations": sum(r.get("numerics/escalations", 0) for r in history)
+            + evaluation["escalations"],
+            "max_jitter": max([r.get("numerics/max_jitter", 0.0) for r in history]
+                              + [evaluation["max_jitter"]]),
+            "training_escalations": sum(r.get("numerics/escalations", 0) for r in history),
+            "by_where": by_where}
 
 
 def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,

@@ -7,8 +7,9 @@ import torch
 
 from gpattn_ppl import settings
 from gpattn_ppl.attention import KernelAttention, SGPAttention, attention_options, build_attention
+from gpattn_ppl.errors import NumericsWarning
 from gpattn_ppl.infer.program import PyroProgram
-from gpattn_ppl.linalg import CholeskyError, free_cholesky
+from gpattn_ppl.linalg import CholeskyError, NonFiniteError, free_cholesky, numerics_stats
 from gpattn_ppl.models import build_model
 from gpattn_ppl.ppl import SiteContext, site_context
 from gpattn_ppl.settings import posterior_mean
@@ -264,20 +265,26 @@ def _singular_head_1(variant):
 @pytest.mark.parametrize("variant", ["standard", "decoupled"])
 def test_singular_kernel_matrix_escalation_is_bounded_then_named_error(monkeypatch, variant):
     """A singular kernel matrix: jitter from 1e-30 fails while 1 + ε rounds to 1 and succeeds
-    once it escalates past float64 resolution; with too few escalations allowed, the error
-    names the block, the matrix and the head, after exactly 1 + max_tries attempts."""
+    once it escalates past float64 resolution (warned, counted for head 1's matrices only);
+    with too few escalations allowed, the error names the block, the matrix and the head,
+    after exactly 1 + max_tries attempts."""
     unit = _singular_head_1(variant)
     x = _x()
     calls = _count_cholesky(monkeypatch)
     unit(x)                                                  # default jitter: one try suffices
     assert len(calls) == (1 if variant == "standard" else 2)
     calls.clear()
+    matrix = "K_kk" if variant == "standard" else "K_bb"
     with settings.cholesky_jitter(float64=1e-30, max_tries=20):
-        out = unit(x)
+        with pytest.warns(NumericsWarning, match=rf"blocks\.1\.attn {matrix}.*head 1"):
+            out = unit(x)
     assert torch.isfinite(out).all()
     assert len(calls) >= 15                                  # 1e-30 ... ~1e-15 escalations
+    stats = numerics_stats()                                 # head 1 of each sequence only
+    assert stats["escalations"] == (x.shape[0] if variant == "standard" else 1)
+    assert 1e-20 < stats["max_jitter"] < 1e-10
+    assert set(stats["by_where"]) == {f"blocks.1.attn {matrix}"}
     calls.clear()
-    matrix = "K_kk" if variant == "standard" else "K_bb"
     with settings.cholesky_jitter(float64=1e-30, max_tries=5):
         with pytest.raises(CholeskyError, match=rf"blocks\.1\.attn {matrix}, head 1") as err:
             unit(x)
@@ -285,18 +292,19 @@ def test_singular_kernel_matrix_escalation_is_bounded_then_named_error(monkeypat
     assert "after 5 escalations" in str(err.value)
 
 
-def test_non_finite_kernel_matrix_raises_named_error_after_bounded_escalation(monkeypatch):
-    """An overflowing exponential kernel (inf entries) is never factorisable: bounded retries,
-    then the named error (no endless jitter loop, a pitfall of the reference code)."""
+def test_overflowing_kernel_matrix_raises_named_overflow_without_escalation(monkeypatch):
+    """An overflowing exponential kernel (inf entries) is never factorisable: named as the
+    overflow it is at the first factorisation, without trying any jitter (no endless jitter
+    loop, a pitfall of the reference code)."""
     unit = _unit("standard", max_len=8)
     unit.site_prefix = "blocks.0.attn"
     with torch.no_grad():
         unit.kernel.base_kernel.lengthscale = torch.full((2, 1, 4), 1e-3, dtype=torch.float64)
     calls = _count_cholesky(monkeypatch)
     with settings.cholesky_jitter(max_tries=3):
-        with pytest.raises(CholeskyError, match=r"blocks\.0\.attn K_kk, head 0.*non-finite"):
+        with pytest.raises(NonFiniteError, match=r"blocks\.0\.attn K_kk, head 0.*inf.*overflow"):
             unit(_x())
-    assert len(calls) == 4
+    assert len(calls) == 1
 
 
 def test_gp_dtype_float64_under_float32_inputs():

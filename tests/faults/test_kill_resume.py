@@ -24,15 +24,19 @@ import multiprocessing
 import os
 import random
 import signal
+import threading
 import time
 from pathlib import Path
 
+import pyro
 import pytest
 import torch
 import yaml
+from tqdm import tqdm
 
 from gpattn_ppl import settings
 from gpattn_ppl.infer.checkpoint import load_checkpoint
+from gpattn_ppl.metrics import HIGHER_IS_BETTER
 from gpattn_ppl.run.experiment import Trainer
 
 from ..run.conftest import TINY
@@ -94,8 +98,8 @@ def _train(cfg: dict, run_dir: str, resume: bool, kill: tuple | None, marker: st
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    import pyro
-
+    # tqdm's default lock is a multiprocessing semaphore, which a killed process leaks
+    tqdm.set_lock(threading.RLock())
     torch.set_default_dtype(dtype)  # as the test process (GPATTN_PPL_TEST_DTYPE)
     pyro.enable_validation(True)
     with settings.validate_args(True):
@@ -113,7 +117,7 @@ def _context():
     """The fork server context; the server imports this module (torch, the library) once."""
     if not _FORKSERVER:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload([__name__, "torch._dynamo"])
+        ctx.set_forkserver_preload([__name__, "torch._dynamo", "sklearn.metrics"])
         _FORKSERVER.append(ctx)
     return _FORKSERVER[0]
 
@@ -121,7 +125,7 @@ def _context():
 class Child:
     """One training process of a kill series in ``tmp``."""
 
-    def __init__(self, tmp: Path, cfg: dict, run: Path, index: int, *, resume: bool,
+    def __init__(self, tmp: Path, cfg: dict, run: Path, index: int | str, *, resume: bool,
                  kill: tuple | None = None) -> None:
         self.marker = tmp / f"started-{index}"
         self.log = tmp / f"process-{index}.log"
@@ -172,26 +176,44 @@ def reference(tmp_path_factory):
 
     def get(model: str) -> dict:
         if model not in refs:
-            run = tmp_path_factory.mktemp(f"reference-{model}") / "run"
-            start = time.perf_counter()
+            tmp = tmp_path_factory.mktemp(f"reference-{model}")
+            run = tmp / "run"
             with settings.validate_args(True):
                 trainer = Trainer(_config(model), run)
                 trainer.fit()
             last = load_checkpoint(run / "last.pt")
             history = json.loads((run / "history.json").read_text())
-            refs[model] = {
-                "seconds": time.perf_counter() - start, "step_losses": last["step_losses"],
-                "steps": trainer.steps_per_epoch, "model": last["model"],
-                "best": load_checkpoint(run / "best.pt")["model"],
+            ref = refs[model] = {
+                "step_losses": last["step_losses"], "steps": trainer.steps_per_epoch,
+                "model": last["model"], "best": load_checkpoint(run / "best.pt")["model"],
                 "history": _no_seconds(history), "log": _no_seconds(_read_csv(run / "log.csv")),
-                "results": _results(run),
-                # the epochs after which best.pt was written
-                "improved": [e for e in range(1, EPOCHS + 1)
-                             if e == 1 or history[e - 1]["val/mcc"] > max(
-                                 h["val/mcc"] for h in history[:e - 1])]}
+                "results": _results(run), "improved": _improved(history, trainer.select_metric)}
+            # the same run in a training process: how long its fit takes (the scale of the
+            # random kills), and that a process on its own reproduces this one
+            child = Child(tmp, _config(model), tmp / "uninterrupted", "uninterrupted",
+                          resume=False)
+            assert child.wait_started(), child.output()
+            start = time.perf_counter()
+            assert child.join() == 0, child.output()
+            ref["seconds"] = time.perf_counter() - start
+            ref["train_share"] = min(1.0, sum(
+                row["seconds"] for row in json.loads(
+                    (tmp / "uninterrupted" / "history.json").read_text())) / ref["seconds"])
+            _check_finished(tmp / "uninterrupted", ref, f"{model}: an uninterrupted process")
         return refs[model]
 
     return get
+
+
+def _improved(history: list[dict], metric: str) -> list[int]:
+    """The epochs after which ``fit`` wrote ``best.pt`` (its rule, on the history)."""
+    higher, best, out = HIGHER_IS_BETTER.get(metric, True), None, []
+    for row in history:
+        score = row[f"val/{metric}"]
+        if best is None or (score > best if higher else score < best):
+            best = score
+            out.append(row["epoch"])
+    return out
 
 
 def _read_csv(path: Path) -> list[dict]:
@@ -240,62 +262,74 @@ def _check_finished(run: Path, ref: dict, what: str) -> None:
 
 
 # -- the tests ---------------------------------------------------------------------------------
-def _write_kills(model: str, improved: list[int]) -> list[tuple]:
-    """Kill points ``(where, epochs done, phase)``: every write of the run's start, of the first
-    epoch boundary and of the evaluation, before and after its rename; between epochs; and the
-    checkpoints of a later epoch (mc_dropout: all of them; kep_svgp: a shorter series)."""
-    later = [e for e in improved if e > 1]
+def _kill_series(model: str, improved: list[int]) -> list[list[tuple]]:
+    """Series of kill points ``(where, epochs done, phase)``, each series in one folder.
+
+    A process that resumes from ``last.pt`` of epoch ``e`` (``L`` below) rewrites the files of
+    the run's start, trains epochs ``e + 1, ...`` and writes, after each, ``best.pt`` (when
+    better), ``last.pt``, ``history.json``, ``log.csv``; at the end ``predictions.pt`` and
+    ``results.json``. A kill at a write of epoch ``e`` therefore needs ``L < e``: the kills
+    before ``last.pt``'s rename leave ``L`` as it was, the later ones advance it, so the writes
+    after ``last.pt`` are spread over the epochs. Together the series kill before and after
+    the rename of every file the run writes (``calibration.json`` is not written here), and
+    between epochs; the kep_svgp series is a subset.
+    """
+    b = max(e for e in improved if e > 1) if len(improved) > 1 else None  # a later best.pt
     both = ("before", "after")
+    first = [("config.yaml", 0, "after"), ("run.json", 0, "before"), ("run.json", 0, "after"),
+             ("encoder.json", 0, "after"), ("best.pt", 1, "before"), ("best.pt", 1, "after"),
+             ("last.pt", 1, "before"), ("history.json", 1, "before"), ("log.csv", 2, "before"),
+             ("epoch start", 2, ""), ("history.json", 3, "after"), ("last.pt", EPOCHS, "after"),
+             *[(name, EPOCHS, phase) for name in ("predictions.pt", "results.json")
+               for phase in both]]
+    later_best = [("best.pt", b, phase) for phase in both] if b else []
+    second = [("config.yaml", 0, "before"), ("encoder.json", 0, "before"),
+              ("last.pt", 1, "after"), *(later_best if b == 2 else []), ("log.csv", 2, "after"),
+              *(later_best if b and b > 2 else []), ("history.json", EPOCHS, "before")]
     if model == "mc_dropout":
-        kills = [("config.yaml", 0, "after"), ("run.json", 0, "before"),
-                 ("run.json", 0, "after"), ("encoder.json", 0, "after")]
-        kills += [(name, 1, phase) for name in ("best.pt", "last.pt", "history.json", "log.csv")
-                  for phase in both]
-    else:
-        kills = [("run.json", 0, "before")]
-    kills += [("epoch start", 2, "")]
-    kills += [("best.pt", later[-1], phase) for phase in both] if later else []
-    kills += [("last.pt", EPOCHS, "after"), ("history.json", EPOCHS, "before")]
-    if model == "mc_dropout":
-        kills += [("predictions.pt", EPOCHS, phase) for phase in both]
-    kills += [("results.json", EPOCHS, phase) for phase in both]
-    return kills
+        return [first, second]
+    return [[("run.json", 0, "before"), ("last.pt", 1, "after"), *(later_best if b == 2 else []),
+             ("epoch start", 2, ""), *(later_best if b and b > 2 else []),
+             ("last.pt", EPOCHS, "after"), ("results.json", EPOCHS, "before")]]
 
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_kill_during_and_after_each_write_then_resume(tmp_path, reference, model):
     ref = reference(model)
-    kills = _write_kills(model, ref["improved"])
-    cfg, run = _config(model), tmp_path / "run"
-    for i, kill in enumerate(kills):
-        what = f"{model}: kill {i + 1} at {kill}"
-        child = Child(tmp_path, cfg, run, i, resume=i > 0, kill=kill)
+    cfg = _config(model)
+    for s, kills in enumerate(_kill_series(model, ref["improved"])):
+        run = tmp_path / f"run-{s}"
+        for i, kill in enumerate(kills):
+            what = f"{model}, series {s}: kill {i + 1} at {kill}"
+            child = Child(tmp_path, cfg, run, f"{s}-{i}", resume=i > 0, kill=kill)
+            code = child.join()
+            assert code == -signal.SIGKILL, f"{what}: exit status {code}\n{child.output()}"
+            tmps = [p.name for p in run.glob(".*.tmp")]
+            if kill[2] == "before":  # the temporary file was written, not renamed
+                assert [n for n in tmps if n.startswith(f".{kill[0]}.")], f"{what}: {tmps}"
+            _check_after_kill(run, ref, what)
+        child = Child(tmp_path, cfg, run, f"{s}-end", resume=True)
         code = child.join()
-        assert code == -signal.SIGKILL, f"{what}: exit status {code}\n{child.output()}"
-        tmps = [p.name for p in run.glob(".*.tmp")]
-        if kill[2] == "before":  # the temporary file was written, not renamed
-            assert [n for n in tmps if n.startswith(f".{kill[0]}.")], f"{what}: {tmps}"
-        _check_after_kill(run, ref, what)
-    child = Child(tmp_path, cfg, run, len(kills), resume=True)
-    code = child.join()
-    assert code == 0, f"{model}: the final resume failed ({code})\n{child.output()}"
-    _check_finished(run, ref, f"{model} after {len(kills)} kills")
-    tried("kill -9 then resume", len(kills))
+        assert code == 0, f"{model}, series {s}: the last resume failed\n{child.output()}"
+        _check_finished(run, ref, f"{model}, series {s}, after the kills {kills}")
+        tried("kill -9 then resume", len(kills))
 
 
-@pytest.mark.parametrize("model, seed", [("mc_dropout", 0), ("kep_svgp", 1)],
+@pytest.mark.parametrize("model, seed", [(m, s) for s, m in enumerate(list(MODELS) * 4)],
                          ids=lambda v: f"seed={v}" if isinstance(v, int) else v)
 def test_kill_at_random_moments_then_resume(tmp_path, reference, model, seed):
-    """SIGKILL after a random delay once the trainer is built, resume, repeat (at most
-    ``max_kills`` times) until a process completes the run."""
+    """SIGKILL at a random moment once the trainer is built, resume, repeat (at most
+    ``max_kills`` times) until a process completes the run. The delay is uniform over the time
+    the fit left takes without a kill (epochs not done, validation and evaluation)."""
     ref = reference(model)
     rng = random.Random(seed)
-    max_kills = 4
+    max_kills = 6
     cfg, run = _config(model), tmp_path / "run"
     kills: list[str] = []
     for i in range(max_kills + 1):
+        done = load_checkpoint(run / "last.pt")["epoch"] if (run / "last.pt").exists() else 0
+        delay = rng.uniform(0.0, ref["seconds"] * (1 - ref["train_share"] * done / EPOCHS))
         child = Child(tmp_path, cfg, run, i, resume=i > 0)
-        delay = rng.uniform(0.0, ref["seconds"])
         if i < max_kills and child.wait_started():
             time.sleep(delay)
             if child.proc.is_alive():
@@ -303,11 +337,13 @@ def test_kill_at_random_moments_then_resume(tmp_path, reference, model, seed):
         code = child.join()
         if code == 0:
             break
-        last = run / "last.pt"
-        where = f"{delay:.2f} s, last.pt at epoch " + (
-            str(load_checkpoint(last)["epoch"]) if last.exists() else "-")
+        where = (f"{delay:.2f} s into a fit resumed at epoch {done}: last.pt at epoch "
+                 + (str(load_checkpoint(run / "last.pt")["epoch"])
+                    if (run / "last.pt").exists() else "-")
+                 + (", results.json" if (run / "results.json").exists() else "")
+                 + "".join(f", {p.name}" for p in run.glob(".*.tmp")))
         kills.append(where)
-        what = f"{model}, seed {seed}: kill {len(kills)} after {where}"
+        what = f"{model}, seed {seed}: kill {len(kills)}, {where}"
         assert code == -signal.SIGKILL, f"{what}: exit status {code}\n{child.output()}"
         _check_after_kill(run, ref, what)
     assert code == 0, f"the run did not complete: {code}\n{child.output()}"

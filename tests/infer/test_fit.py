@@ -121,7 +121,7 @@ def test_non_finite_loss_and_empty_batches_are_errors():
     program = PyroProgram(net, num_data=12)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     program.loss = lambda *args: net.head.bias.sum() * float("inf")
-    with pytest.raises(FloatingPointError, match="non-finite in epoch 4"):
+    with pytest.raises(FloatingPointError, match="epoch 4, step 1"):
         fit_epoch(program, opt, _batches(n=1), epoch=4)
     with pytest.raises(ValueError, match="no batches"):
         fit_epoch(program, opt, [])
