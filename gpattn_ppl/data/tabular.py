@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
+from ._files import decode_utf8
 from .registry import RawData, register_dataset
 from .splits import stratified_split
 
@@ -50,13 +51,7 @@ def _decode(path: Path) -> str:
     data = path.read_bytes()
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        col = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise DataError(f"{path}, line {line}: not valid UTF-8 (byte 0x{data[err.start]:02x} at "
-                         f"byte column {col}); save the file as UTF-8") from None
+    return decode_utf8(path, data)
 
 
 def _delimiter(path: Path, text: str, delimiter: str) -> str:
