@@ -36,7 +36,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "config": ("Config", "ConfigError", "SCHEMA", "apply_overrides", "load_config",
                "validate_config"),
     "demo": ("DEMO_PRESETS", "demo_methods", "run_demo"),
-    "evaluate": ("evaluate_model", "evaluate_predictions", "temper"),
+    "evaluate": ("check_ood_names", "evaluate_model", "evaluate_predictions", "temper"),
     "experiment": ("Trainer", "VALIDATION_METRICS", "build_net", "data_sizes", "evaluate_run",
                    "load_bundle", "selection_metric"),
     "output": ("dumps", "strict", "summary"),

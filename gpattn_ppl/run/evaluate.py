@@ -17,9 +17,10 @@ import torch
 from ..infer import PyroProgram, predict
 from ..metrics import apply_temperature, classification_report, fit_temperature
 from ..metrics.classification import negative_log_likelihood
+from ..models.spec import ConfigError
 from ..ood import kl_matching_templates, ood_report
 
-__all__ = ["evaluate_model", "evaluate_predictions", "temper"]
+__all__ = ["check_ood_names", "evaluate_model", "evaluate_predictions", "temper"]
 
 
 def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[str] | None = None
@@ -39,16 +40,22 @@ def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[st
     e, d = cfg["eval"], cfg["data"]
     kw = dict(num_samples=e["mc_samples"], batch_size=d["eval_batch_size"], device=device)
     names = ood if ood is not None else (e["ood"] if e["ood"] is not None else list(bundle.ood))
-    unknown = [n for n in names if n not in bundle.ood]
-    if unknown:
-        raise ValueError(f"eval.ood: unknown OOD set(s) {unknown}; this dataset has: "
-                         f"{', '.join(bundle.ood) or 'none'}")
+    check_ood_names(names, bundle)
     preds = {"val": predict(program, bundle.val, **kw), "test": predict(program, bundle.test, **kw)}
     for name in names:
         preds[name] = predict(program, bundle.ood[name], **kw)
     out = evaluate_predictions(preds, cfg, names)
     out["_predictions"] = preds
     return out
+
+
+def check_ood_names(names: list[str] | None, bundle, where: str = "eval.ood") -> None:
+    """Raise :class:`~gpattn_ppl.models.spec.ConfigError` when an OOD set name is not one of
+    ``bundle.ood``."""
+    unknown = [n for n in names or [] if n not in bundle.ood]
+    if unknown:
+        raise ConfigError(f"{where}: unknown OOD set(s) {', '.join(map(repr, unknown))} of "
+                          f"dataset {bundle.name!r}; it has: {', '.join(bundle.ood) or 'none'}")
 
 
 def temper(pred: dict, temperature: float) -> dict:

@@ -52,8 +52,8 @@ from .config import (
     dataset_extra_options,
     load_config,
 )
-from .evaluate import evaluate_model
-from .output import dumps
+from .evaluate import check_ood_names, evaluate_model
+from .output import strict
 from .plugins import imported_plugins
 from .rundir import (
     RunFolderError,
@@ -152,10 +152,16 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for orphan in self.run_dir.glob(".*.tmp"):  # left by a process killed mid-write
             orphan.unlink(missing_ok=True)
+        # a resumed run keeps the files it has (the check found them equal); a run killed while
+        # writing them gets the missing ones
         text = yaml.safe_dump(dict(self.cfg), sort_keys=False)
-        atomic_write(self.run_dir / "config.yaml", lambda fh: fh.write(text), binary=False)
-        write_json_atomic(_manifest(self.bundle), self.run_dir / "run.json")
-        write_json_atomic(self.bundle.encoder_state, self.run_dir / "encoder.json")
+        writers = {
+            "config.yaml": lambda p: atomic_write(p, lambda fh: fh.write(text), binary=False),
+            "run.json": lambda p: write_json_atomic(_manifest(self.bundle), p),
+            "encoder.json": lambda p: write_json_atomic(self.bundle.encoder_state, p)}
+        for name, write in writers.items():
+            if not (self.action == "resume" and (self.run_dir / name).is_file()):
+                write(self.run_dir / name)
 
     def _check_folder_alive(self) -> None:
         if not (self.run_dir / "config.yaml").is_file():
@@ -324,14 +330,6 @@ def selection_metric(cfg: dict, bundle) -> str:
     return m
 
 
-def check_ood_names(names: list[str] | None, bundle, where: str = "eval.ood") -> None:
-    """Raise :class:`ConfigError` when an OOD set name is not one of ``bundle.ood``."""
-    unknown = [n for n in names or [] if n not in bundle.ood]
-    if unknown:
-        raise ConfigError(f"{where}: unknown OOD set(s) {', '.join(map(repr, unknown))} of "
-                          f"dataset {bundle.name!r}; it has: {', '.join(bundle.ood) or 'none'}")
-
-
 def load_bundle(cfg: dict):
     """The :class:`~gpattn_ppl.data.DataBundle` a config asks for.
 
@@ -402,7 +400,7 @@ def _check_same_data(run_dir: Path, bundle) -> None:
             f"run.json, {bundle.fingerprint} now: files edited, another split or limit); "
             "train into another folder, or --force to retrain here")
     enc = run_dir / "encoder.json"
-    if enc.is_file() and json.loads(enc.read_text()) != json.loads(dumps(bundle.encoder_state)):
+    if enc.is_file() and json.loads(enc.read_text()) != strict(bundle.encoder_state):
         raise RunFolderError(f"{run_dir}: the input encoding (vocabulary / encoder settings) "
                              "differs from encoder.json; retrain or use another folder")
 
@@ -469,7 +467,7 @@ def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank:
         else:
             calibration.unlink(missing_ok=True)
         write_json_atomic(results, run_dir / "results.json")
-    return json.loads(dumps(results))
+    return strict(results)
 
 
 def _numerics_summary(history: list, evaluation: dict) -> dict:
@@ -479,12 +477,11 @@ def _numerics_summary(history: list, evaluation: dict) -> dict:
     for part in [r.get("numerics/by_where", {}) for r in history] + [evaluation["by_where"]]:
         for where, n in part.items():
             by_where[where] = by_where.get(where, 0) + n
-    return {"escalations": sum(r.get("numerics/escalations", 0) for r in history)
-            + evaluation["escalations"],
+    training = sum(r.get("numerics/escalations", 0) for r in history)
+    return {"escalations": training + evaluation["escalations"],
             "max_jitter": max([r.get("numerics/max_jitter", 0.0) for r in history]
                               + [evaluation["max_jitter"]]),
-            "training_escalations": sum(r.get("numerics/escalations", 0) for r in history),
-            "by_where": by_where}
+            "training_escalations": training, "by_where": by_where}
 
 
 def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
@@ -533,7 +530,6 @@ def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
     net, warm_start, program = _model_and_program(cfg, bundle, len(bundle.train), device, world)
     history_path = run_dir / "history.json"
     history = json.loads(history_path.read_text()) if history_path.is_file() else []
-    results = _evaluate_best(run_dir, cfg, bundle, net, program, device, rank, history=history,
-                             select_metric=select_metric, warm_start=warm_start, ood=ood,
-                             data_warning=changed)
-    return results
+    return _evaluate_best(run_dir, cfg, bundle, net, program, device, rank, history=history,
+                          select_metric=select_metric, warm_start=warm_start, ood=ood,
+                          data_warning=changed)
