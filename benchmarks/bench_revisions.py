@@ -7,7 +7,9 @@ process, and the JSON holds the medians and the per-round ratio range.
         --out benchmarks/results/revisions_n64.json
 
 Timed: one forward + backward of a unit (B = 32, C = 128, H = 4, train mode, objective terms
-included), median over ``repeats`` after 3 warm-up steps, 2 threads. Never asserted by a test.
+included), median over ``repeats`` after 3 warm-up steps, 2 threads. With ``softmax`` among the
+units, each side's ratio of every unit to its own softmax (median over rounds, and the range)
+is recorded too. Never asserted by a test.
 """
 import argparse
 import json
@@ -94,6 +96,12 @@ def main() -> None:
         summary[name] = {"old_ms": round(1e3 * o, 3), "new_ms": round(1e3 * n, 3),
                          "new/old": round(n / o, 3), "per_round_ratio_min": round(min(ratios), 3),
                          "per_round_ratio_max": round(max(ratios), 3)}
+        if "softmax" in units:  # each checkout's unit over its own softmax, per process
+            for side in ("old", "new"):
+                per = [r[name] / r["softmax"] for r in res[side]]
+                summary[name][f"{side}_over_softmax"] = round(statistics.median(per), 3)
+                summary[name][f"{side}_over_softmax_range"] = [round(min(per), 3),
+                                                               round(max(per), 3)]
     out = {"old": _revision(old), "new": _revision(new), "N": args.N, "B": 32, "C": 128, "H": 4, "rounds": args.rounds,
            "repeats": args.repeats, "units": summary}
     text = json.dumps(out, indent=1)

@@ -3,18 +3,24 @@
 Every factorisation of a kernel matrix goes through :func:`cholesky` with a ``where`` (module
 path and matrix) and reports itself:
 
+* the first factorisation adds no jitter (a caller may pass a jitter that is part of its model);
 * a matrix with NaN or inf entries raises :class:`NonFiniteError` at once, naming ``where``, the
   head and batch index, the NaN / inf counts and, for inf, the overflow (no jitter is tried);
-* a finite matrix that fails gets its jitter of :class:`gpattn_ppl.settings.cholesky_jitter`
-  multiplied by 10 up to ``max_tries`` times -- only that matrix: the others keep their factors
-  bit for bit -- and every matrix rescued so is counted (:func:`numerics_stats`) and warned about
-  once per ``where`` (:class:`~gpattn_ppl.errors.NumericsWarning`);
+* a finite matrix that fails -- only that matrix: the others keep their factors bit for bit --
+  gets the jitter of :class:`gpattn_ppl.settings.cholesky_jitter`, multiplied by 10 up to
+  ``max_tries`` times (as gpytorch's ``psd_safe_cholesky``); every matrix rescued so is counted
+  (:func:`numerics_stats`) and warned about once per ``where``
+  (:class:`~gpattn_ppl.errors.NumericsWarning`);
 * one that fails after the last escalation raises :class:`CholeskyError` naming ``where``, the
   head and the smallest eigenvalue.
 
-The fast path costs one host synchronisation per call (one boolean over the batch). GP algebra is
-promoted to :class:`gpattn_ppl.settings.gp_dtype` and runs with autocast disabled. Nothing here
-inverts a matrix.
+Host synchronisations: outside :class:`deferred_checks` the check costs one per call (one
+boolean over the batch). Inside it (the trainer's fast path) there is none: each call records its
+``info`` on the device and the loop reads all of them with the loss, in its one synchronisation
+per step, re-running a step whose factorisations failed with the checks on (and so with the
+escalation). GP algebra is promoted to :class:`gpattn_ppl.settings.gp_dtype` and runs with
+autocast disabled. Nothing here inverts a matrix; :func:`cholesky_factors` forms the inverse of
+a triangular factor by a triangular solve, as gpytorch's variational strategy does.
 
 The pieces every GP head shares live here once: the block trick for padded tokens
 (:func:`block_mask`, :func:`mask_rows`), :func:`symmetrise`, the free lower-triangular
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 import warnings
 
 import torch
@@ -33,9 +40,10 @@ import torch
 from . import settings
 from .errors import GpattnError, NumericsWarning
 
-__all__ = ["CholeskyError", "NonFiniteError", "block_mask", "cholesky", "cholesky_solve",
-           "free_cholesky", "gp_precision", "mask_rows", "numerics_stats", "reset_numerics_stats",
-           "scaled_cholesky", "symmetrise", "triangular_solve"]
+__all__ = ["CholeskyError", "NonFiniteError", "block_mask", "cholesky", "cholesky_factors",
+           "cholesky_solve", "deferred_checks", "free_cholesky", "gp_precision", "mask_rows",
+           "numerics_stats", "reset_numerics_stats", "scaled_cholesky", "symmetrise",
+           "triangular_solve"]
 
 
 class CholeskyError(GpattnError, RuntimeError):
@@ -140,17 +148,76 @@ def _describe_failure(A: torch.Tensor, flat: int, batch_shape: torch.Size, where
     return msg
 
 
+# -- deferred checks -----------------------------------------------------------------------------
+_LOCAL = threading.local()
+
+
+class deferred_checks(contextlib.ContextDecorator):
+    """Inside this block :func:`cholesky` does not synchronise: each call records its LAPACK
+    ``info`` on the device and returns its factor unchecked (a failed factor is garbage).
+
+    The caller reads :meth:`failed` once -- together with its loss, in one synchronisation --
+    and re-runs a computation whose factorisations failed outside the block, where the failing
+    matrices get their jitter (or a named error). The fit loop does this every step
+    (:func:`gpattn_ppl.infer.fit_epoch`).
+
+    >>> with deferred_checks() as box:
+    ...     L = cholesky(-torch.eye(2))
+    >>> bool(box.failed())
+    True
+    """
+
+    def __init__(self) -> None:
+        self._infos: list[torch.Tensor] = []
+        self._outer = None
+
+    def __enter__(self) -> deferred_checks:
+        self._infos = []
+        self._outer = getattr(_LOCAL, "deferred", None)
+        _LOCAL.deferred = self
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _LOCAL.deferred = self._outer
+        return False
+
+    def record(self, info: torch.Tensor) -> None:
+        """Keep one call's ``info`` (no synchronisation)."""
+        self._infos.append(info.reshape(-1))
+
+    @property
+    def calls(self) -> int:
+        """How many factorisations ran unchecked in the block."""
+        return len(self._infos)
+
+    def failed(self) -> torch.Tensor:
+        """A 0-d bool device tensor: whether any factorisation of the block failed (no
+        synchronisation; ``False`` when there was none)."""
+        if not self._infos:
+            return torch.tensor(False)
+        return torch.cat([(i > 0).any().reshape(1) for i in self._infos]).any()
+
+
+def _deferred() -> deferred_checks | None:
+    return getattr(_LOCAL, "deferred", None)
+
+
 def cholesky(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
              jitter: float | None = None) -> torch.Tensor:
-    r"""Lower Cholesky factor :math:`L L^\top = A + \epsilon I` with per-matrix jitter escalation.
+    r"""Lower Cholesky factor :math:`L L^\top = A` with per-matrix jitter only where it fails.
+
+    Only the lower triangle of ``A`` is read (the upper one need not be formed exactly); the
+    gradient is symmetric, as torch's.
 
     :param A: ``[..., n, n]`` symmetric positive (semi-)definite matrices.
     :param where: module path and matrix, named in warnings and errors (``"blocks.1.attn K_kk"``).
     :param head_axis: which batch dimension of ``A`` indexes heads, for the messages.
-    :param jitter: first jitter; default from :class:`~gpattn_ppl.settings.cholesky_jitter`.
+    :param jitter: a jitter :math:`\epsilon_0` that is part of the caller's model, added to every
+        matrix (default 0: none). Escalation then starts from 10 :math:`\epsilon_0`.
     :returns: ``[..., n, n]`` lower-triangular factor in ``gp_dtype`` (or float64 if ``A`` is).
-        A matrix that needed :math:`\epsilon_i = 10^t\epsilon` gets :math:`L_iL_i^\top = A_i +
-        \epsilon_i I`; the others are untouched.
+        A matrix that failed gets :math:`L_iL_i^\top = A_i + \epsilon_i I` with the smallest
+        :math:`\epsilon_i = 10^t\epsilon` (``cholesky_jitter``) that factorises it; the others
+        are untouched.
     :raises NonFiniteError: ``A`` has NaN or inf entries (named, with the overflow for inf).
     :raises CholeskyError: a matrix still fails after ``max_tries`` escalations (names ``where``,
         the head and its smallest eigenvalue).
@@ -158,11 +225,17 @@ def cholesky(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
     dtype = settings.gp_dtype.resolve(A.dtype)
     with gp_precision(A.device.type):
         A = A.to(dtype)
-        eps = settings.cholesky_jitter.value(dtype) if jitter is None else jitter
+        eps = 0.0 if jitter is None else float(jitter)
         eye = torch.eye(A.shape[-1], dtype=dtype, device=A.device)
-        L, info = torch.linalg.cholesky_ex(A + eps * eye)
-        bad = (info > 0) | ~torch.isfinite(A).flatten(-2).all(-1)
-        if not bool(bad.any()):  # the one host synchronisation of the fast path
+        L, info = torch.linalg.cholesky_ex(A + eps * eye if eps else A)
+        box = _deferred()
+        if box is not None:  # checked by the caller, once per step, with its loss
+            box.record(info)
+            return L
+        # LAPACK flags a NaN or a non-positive pivot; an inf on A's diagonal leaves an inf on
+        # L's, so checking L's diagonal (O(n), not O(n^2)) catches every non-finite lower triangle
+        bad = (info > 0) | ~torch.isfinite(L.diagonal(dim1=-2, dim2=-1)).all(-1)
+        if not bool(bad.any()):  # the one host synchronisation of a checked call
             return L
         return _escalate(A, bad, eps, eye, where, head_axis)
 
@@ -170,8 +243,9 @@ def cholesky(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
 def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor, where: str,
               head_axis: int | None) -> torch.Tensor:
     """The failure path of :func:`cholesky`: name non-finite matrices, find each failing
-    matrix's jitter (10x per try), then factorise the batch once with per-matrix jitter (the
-    first factor is dropped: its failed entries would poison the backward pass with NaN)."""
+    matrix's jitter (the ``cholesky_jitter`` value, or 10 ``eps``, then 10x per try), then
+    factorise the batch once with per-matrix jitter (the first factor is dropped: its failed
+    entries would poison the backward pass with NaN)."""
     n, batch_shape = A.shape[-1], A.shape[:-2]
     flat_A, flat_bad = A.reshape(-1, n, n), bad.reshape(-1)
     total = flat_bad.numel()
@@ -182,12 +256,14 @@ def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor,
         raise NonFiniteError(_nonfinite_message(flat_A[i], where, pos, nonfinite.numel(), total))
     failing = flat_bad.nonzero().flatten()
     tries = settings.cholesky_jitter.max_tries()
+    base = settings.cholesky_jitter.value(A.dtype)
+    levels = ([base * 10.0 ** t for t in range(tries)] if eps == 0
+              else [eps * 10.0 ** t for t in range(1, tries + 1)])
     jit = torch.full((total,), eps, dtype=A.dtype, device=A.device)
     top = level = eps
     with torch.no_grad():
         left, sub = failing, flat_A[failing]
-        for _ in range(tries):
-            level = level * 10.0
+        for level in levels:
             L_sub, info = torch.linalg.cholesky_ex(sub + level * eye)
             ok = (info == 0) & torch.isfinite(L_sub.diagonal(dim1=-2, dim2=-1)).all(-1)
             if bool(ok.any()):
@@ -198,7 +274,7 @@ def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor,
     if left.numel():
         i = int(left[0])
         raise CholeskyError(_describe_failure(flat_A[i], i, batch_shape, where, head_axis)
-                            + f"; last jitter {level:.1e} after {tries} escalations")
+                            + f"; last jitter {level:.1e} after {len(levels)} escalations")
     L, info = torch.linalg.cholesky_ex(A + jit.view(batch_shape + (1, 1)) * eye)
     if bool((info > 0).any()):  # pragma: no cover -- the same inputs factorised above
         raise CholeskyError(f"Cholesky failed in {where or '<unnamed module>'} with the "
@@ -206,6 +282,81 @@ def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor,
     first = _position(int(failing[0]), batch_shape, head_axis)
     _record(where, failing.numel(), top, total, f"first {first}" if batch_shape else first)
     return L
+
+
+class _InverseFactor(torch.autograd.Function):
+    r"""``(L, W = L^{-1})`` from ``A`` and its (detached) factor ``L``, with a matmul-only
+    backward.
+
+    With :math:`LL^\top = A` and :math:`W = L^{-1}` (so :math:`dW = -W\,dL\,W` and
+    :math:`L^\top W^\top = I`), the gradients :math:`\bar L, \bar W` give
+
+    .. math::
+        \Phi = \mathrm{tril}\big(L^\top\bar L - \bar W W^\top\big), \qquad
+        \bar A = W^\top\,\tfrac12\big(\Phi + \Phi^\top - \mathrm{Diag}\,\Phi\big)\,W,
+
+    torch's Cholesky backward (Murray 2016) with its two triangular solves replaced by products
+    with :math:`W`, which the forward formed anyway (no ``tril`` of :math:`\bar L` is needed:
+    :math:`L^\top\mathrm{triu}(\bar L, 1)` is strictly upper triangular). Written by hand because
+    batched small triangular solves run several times slower than matrix products on CPU and
+    torch's backward of a Cholesky and of a triangular solve is made of them.
+    """
+
+    @staticmethod
+    def forward(ctx, A: torch.Tensor, L: torch.Tensor):  # noqa: ARG004 -- A: the graph's input
+        eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device)
+        # X L = I (the right-sided solve is the faster layout for LAPACK's trsm here)
+        W = torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False, left=False)
+        ctx.save_for_backward(L, W)
+        ctx.set_materialize_grads(False)
+        return L, W
+
+    @staticmethod
+    def backward(ctx, gL: torch.Tensor | None, gW: torch.Tensor | None):
+        L, W = ctx.saved_tensors
+        if gL is None and gW is None:  # pragma: no cover -- autograd does not call it then
+            return None, None
+        if gL is None:
+            phi = -(gW @ W.mT)
+        else:
+            phi = L.mT @ gL
+            if gW is not None:
+                phi = phi - gW @ W.mT
+        phi = phi.tril()
+        S = phi + phi.mT
+        S.diagonal(dim1=-2, dim2=-1).mul_(0.5)
+        return W.mT @ (0.5 * S) @ W, None
+
+
+def cholesky_factors(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
+                     jitter: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The Cholesky factor and its inverse, :math:`(L, W = L^{-1})` with :math:`LL^\top = A`.
+
+    :math:`L` comes from :func:`cholesky` (same checks, jitter and errors; only the lower
+    triangle of ``A`` is read); :math:`W` from one triangular solve against :math:`I`. Every
+    later solve with :math:`L` becomes a matrix product (:math:`L^{-1}B = WB`,
+    :math:`A^{-1}B = W^\top WB`, :math:`\mathrm{tr}(A^{-1}X) = \sum (WX)\odot W`), and the
+    backward of the pair is products only (:class:`_InverseFactor`).
+
+    :returns: ``(L, W)``, both ``[..., n, n]`` lower triangular in the GP dtype.
+    """
+    with gp_precision(A.device.type):
+        A = A.to(settings.gp_dtype.resolve(A.dtype))
+        with torch.no_grad():
+            L = cholesky(A.detach(), where=where, head_axis=head_axis, jitter=jitter)
+        if not A.requires_grad:
+            return _InverseFactor.forward(_NoCtx(), A, L)
+        return _InverseFactor.apply(A, L)
+
+
+class _NoCtx:
+    """A stand-in for autograd's ``ctx`` when nothing needs a gradient."""
+
+    def save_for_backward(self, *tensors) -> None:
+        pass
+
+    def set_materialize_grads(self, value: bool) -> None:
+        pass
 
 
 def cholesky_solve(B: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
@@ -269,7 +420,9 @@ def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_axis: 
         L = \Delta^{1/2}\,\mathrm{chol}\big(\Delta^{-1/2} A \Delta^{-1/2} + \epsilon I\big), \qquad
         LL^\top = A + \epsilon\Delta, \quad \Delta = \mathrm{diag}(d)
 
-    through :func:`cholesky` (its jitter, per-matrix escalation and named errors). The factorised
+    with :math:`\epsilon` the :class:`~gpattn_ppl.settings.cholesky_jitter` value, part of the
+    model here (every matrix gets it, as gpytorch adds jitter to every :math:`K_{uu}`), through
+    :func:`cholesky` (per-matrix escalation from :math:`10\epsilon`, named errors). The factorised
     matrix has entries of order one whatever the kernel's amplitude, so a singular kernel matrix
     is rescued by the escalation in float32 too. An inf in ``A`` (an overflowing kernel, which
     the equilibration turns into NaN) is named as the overflow it is. The one host
@@ -278,8 +431,10 @@ def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_axis: 
     :param A: ``[..., n, n]``. :param d: ``[..., n]`` positive scales (pads: 1).
     """
     s = d.clamp_min(torch.finfo(d.dtype).tiny).rsqrt()
+    eps = settings.cholesky_jitter.value(settings.gp_dtype.resolve(A.dtype))
     try:
-        L = cholesky(A * (s.unsqueeze(-1) * s.unsqueeze(-2)), where=where, head_axis=head_axis)
+        L = cholesky(A * (s.unsqueeze(-1) * s.unsqueeze(-2)), where=where, head_axis=head_axis,
+                     jitter=eps)
     except NonFiniteError:
         flat = A.reshape((-1,) + A.shape[-2:])
         bad = (~torch.isfinite(flat).flatten(-2).all(-1)).nonzero().flatten()

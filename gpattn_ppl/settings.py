@@ -3,9 +3,10 @@
 Every numerical knob that is a *policy* rather than a model choice lives here, so call sites never
 hard-code a jitter or a dtype:
 
-* :class:`cholesky_jitter` -- the jitter added to a diagonal before a Cholesky, per dtype, and the
-  bounded number of escalations (x10 each, of the failing matrices only) before
-  :func:`gpattn_ppl.linalg.cholesky` gives up;
+* :class:`cholesky_jitter` -- the jitter added to the diagonal of a matrix whose Cholesky failed
+  (none is added before a failure), per dtype, and the bounded number of escalations (x10 each,
+  of the failing matrices only) before :func:`gpattn_ppl.linalg.cholesky` gives up; also the
+  model jitter of inducing-point matrices and of :func:`gpattn_ppl.linalg.scaled_cholesky`;
 * :class:`gp_dtype` -- the dtype GP linear algebra runs in (never lower than float32, even under
   autocast);
 * :class:`posterior_mean` -- stochastic units return their posterior mean instead of a sample
@@ -61,10 +62,12 @@ class _Setting(ContextDecorator):
 
 
 class cholesky_jitter(ContextDecorator):
-    """Jitter added to the diagonal before a Cholesky factorisation, per dtype.
+    """Jitter for Cholesky factorisations, per dtype: the first one added to a matrix that failed
+    without (then x10 per try), and the model jitter of matrices that always carry one (the
+    relative jitter of :func:`gpattn_ppl.linalg.scaled_cholesky`, SCGPT's inducing matrices).
 
-    :param float32: first jitter tried for float32 matrices (default 1e-6).
-    :param float64: first jitter tried for float64 matrices (default 1e-8).
+    :param float32: jitter for float32 matrices (default 1e-6).
+    :param float64: jitter for float64 matrices (default 1e-8).
     :param max_tries: how many times the jitter is multiplied by 10 after a failure (default 4).
     """
 

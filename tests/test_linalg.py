@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from gpattn_ppl import linalg, settings
+from gpattn_ppl.errors import NumericsWarning
 
 
 def _spd(n=5, seed=0, dtype=torch.float64):
@@ -22,10 +23,14 @@ def test_cholesky_matches_torch_and_solves():
 
 def test_escalation_rescues_a_singular_psd_matrix():
     v = torch.randn(6, 1, dtype=torch.float64)
-    A = v @ v.T  # rank 1: plain Cholesky fails at jitter 0
-    with settings.cholesky_jitter(float64=1e-14, max_tries=8):
+    A = v @ v.T  # rank 1: plain Cholesky fails at jitter 0 (the first try adds none)
+    linalg.reset_numerics_stats(warned=True)
+    with settings.cholesky_jitter(float64=1e-14, max_tries=8), \
+            pytest.warns(NumericsWarning, match="escalated"):
         L = linalg.cholesky(A)
     assert torch.isfinite(L).all()
+    assert linalg.numerics_stats()["escalations"] == 1
+    linalg.reset_numerics_stats(warned=True)
 
 
 def test_failure_names_module_head_and_eigenvalue():

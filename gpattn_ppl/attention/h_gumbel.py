@@ -108,8 +108,14 @@ class HierarchicalGumbelAttention(GumbelAttention):
         shape = (heads, self.head_dim, num_centroids) if centroids_per_head else \
             (self.head_dim, num_centroids)
         self.centroids = nn.Parameter(torch.randn(shape) / math.sqrt(self.head_dim))
-        # k-means initialisation pending (a buffer, so it survives state_dict round trips)
+        # k-means initialisation pending (a buffer, so it survives state_dict round trips), and
+        # its host-side mirror, read instead of the buffer in every training step (no sync)
         self.register_buffer("centroids_pending", torch.tensor(centroid_init == "kmeans"))
+        self._pending: bool | None = None
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._pending = None  # re-read centroids_pending after any load
+        return super()._load_from_state_dict(*args, **kwargs)
 
     def extra_repr(self) -> str:
         return (f"temperature={self.temperature}, centroid_temperature="
@@ -151,6 +157,7 @@ class HierarchicalGumbelAttention(GumbelAttention):
         cent = cent.transpose(1, 2)                                      # [G, D, c]
         self.centroids.copy_(cent if self.centroids_per_head else cent[0])
         self.centroids_pending.fill_(False)
+        self._pending = False
 
     # -- forward ------------------------------------------------------------------------------
     def centroid_logits(self, k: torch.Tensor) -> torch.Tensor:
@@ -181,6 +188,9 @@ class HierarchicalGumbelAttention(GumbelAttention):
         return self._attend_values(q, self.hierarchical_keys(k, mask), v, mask)
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        if self.training and self.centroid_init == "kmeans" and bool(self.centroids_pending):
-            self.init_centroids(x, mask)
+        if self.training and self.centroid_init == "kmeans":
+            if self._pending is None:  # one read of the buffer after construction or a load
+                self._pending = bool(self.centroids_pending)
+            if self._pending:
+                self.init_centroids(x, mask)
         return self.proj_dropout(self.out(self.merge_heads(self._head_outputs(x, mask))))

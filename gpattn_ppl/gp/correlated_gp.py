@@ -42,21 +42,20 @@ def _masks(mask: torch.Tensor | None, dtype: torch.dtype):
 class KernelTerms:
     """Base of the per-call term objects: the kernel matrices of a call, masked.
 
-    Subclasses set ``kernel``, ``where`` and ``kernel_mask`` -- ``None`` or the 0/1 factor that
-    zeroes the padded rows (and columns) of every token-side kernel matrix, broadcastable
-    against it (``[B, 1, N, N]`` pairs for CGPT, ``[B, 1, N, 1]`` rows for SCGPT).
+    Subclasses set ``kernel``, ``where`` and ``real`` -- ``None`` or the ``[B, 1, N]`` bool
+    mask of real tokens (broadcast over heads) that zeroes the padded rows (and, for
+    token-by-token matrices, columns) of every kernel matrix.
     """
 
     kernel: CanonicalSEKernel
     where: str
-    kernel_mask: torch.Tensor | None
+    real: torch.Tensor | None
 
-    def _k(self, a, b, scale=None):
-        r""":math:`\sigma\,\kappa_o(a, b)` (``scale`` = σ or ``None``), pads zeroed."""
-        K = self.kernel.forward(a, b)
-        if scale is not None:
-            K = scale * K
-        return K if self.kernel_mask is None else K * self.kernel_mask
+    def _k(self, a, b, log_scale=None, *, tokens_b: bool = True):
+        r""":math:`s\,\kappa_o(a, b)` (``log_scale`` = log s or ``None``) with pad rows zeroed,
+        and pad columns too when ``b`` holds tokens (:meth:`CanonicalSEKernel.gram`)."""
+        return self.kernel.gram(a, b, log_scale=log_scale, rows=self.real,
+                                cols=self.real if tokens_b else None)
 
 
 class CGPTerms(KernelTerms):
@@ -79,11 +78,12 @@ class CGPTerms(KernelTerms):
         self.dtype, self.device = dtype, q.device
         self.sq = scale_q.to(dtype).view(-1, 1, 1)
         self.sk = scale_k.to(dtype).view(-1, 1, 1)
+        self.log_sq, self.log_sk = self.sq.log(), self.sk.log()
         self.noise_var = float(noise) ** 2
         self.mask, self.where = mask, where or type(self).__name__
         self.kernel = kernel if kernel is not None else CanonicalSEKernel()
         self.pair, self.pad_eye, self.n_b = _masks(mask, dtype)
-        self.kernel_mask = self.pair
+        self.real = None if mask is None else mask[:, None, :]
         N = q.shape[-2]
         self.eye = torch.eye(N, dtype=dtype, device=q.device)
         if self.n_b is None:
@@ -91,8 +91,13 @@ class CGPTerms(KernelTerms):
 
     # -- kernels ----------------------------------------------------------------------------
     def _chol(self, A, name: str):
-        return linalg.cholesky(linalg.symmetrise(A) + self.pad_eye, where=f"{self.where} {name}",
-                               head_axis=1)
+        """Factor of ``A`` plus the pad identity (only its lower triangle is read)."""
+        return linalg.cholesky(A + self.pad_eye, where=f"{self.where} {name}", head_axis=1)
+
+    def _factors(self, A, name: str):
+        """``(L, L^{-1})`` of ``A`` plus the pad identity (:func:`~gpattn_ppl.linalg.cholesky_factors`)."""
+        return linalg.cholesky_factors(A + self.pad_eye, where=f"{self.where} {name}",
+                                       head_axis=1)
 
     @cached_property
     def K_o(self):
@@ -100,44 +105,66 @@ class CGPTerms(KernelTerms):
 
     @cached_property
     def K_q(self):
-        return self._k(self.q, self.q, self.sq**2)
+        return self._k(self.q, self.q, 2.0 * self.log_sq)
 
     @cached_property
     def K_k(self):
-        return self._k(self.k, self.k, self.sk**2)
+        return self._k(self.k, self.k, 2.0 * self.log_sk)
 
     @cached_property
     def K_qo(self):
-        return self._k(self.q, self.x_o, self.sq)
+        return self._k(self.q, self.x_o, self.log_sq)
 
     @cached_property
     def K_ok(self):
-        return self._k(self.x_o, self.k, self.sk)
+        return self._k(self.x_o, self.k, self.log_sk)
 
     # -- factors ------------------------------------------------------------------------------
     @cached_property
+    def factors_o(self):
+        r""":math:`(L_o, W_o = L_o^{-1})`, :math:`L_oL_o^\top = K_o + \sigma^2 I`."""
+        return self._factors(self.K_o + self.noise_var * self.eye, "K_o + s2 I")
+
+    @cached_property
     def L_o(self):
+        """:math:`L_o` (from :attr:`factors_o` when formed, else a plain factorisation: the
+        posterior mean alone needs no inverse)."""
+        if "factors_o" in vars(self):
+            return self.factors_o[0]
         return self._chol(self.K_o + self.noise_var * self.eye, "K_o + s2 I")
 
     @cached_property
+    def W_o(self):
+        return self.factors_o[1]
+
+    @cached_property
+    def factors_k(self):
+        r""":math:`(L_k, W_k = L_k^{-1})`, :math:`L_kL_k^\top = K_k + \sigma^2 I`."""
+        return self._factors(self.K_k + self.noise_var * self.eye, "K_k + s2 I")
+
+    @cached_property
     def L_k(self):
-        return self._chol(self.K_k + self.noise_var * self.eye, "K_k + s2 I")
+        return self.factors_k[0]
+
+    @cached_property
+    def W_k(self):
+        return self.factors_k[1]
 
     @cached_property
     def R_q(self):
-        return linalg.triangular_solve(self.K_qo.mT, self.L_o)
+        return self.W_o @ self.K_qo.mT
 
     @cached_property
     def F_q(self):
-        return linalg.triangular_solve(self.R_q, self.L_o, transpose=True)
+        return self.W_o.mT @ self.R_q
 
     @cached_property
     def R_k(self):
-        return linalg.triangular_solve(self.K_ok, self.L_o)
+        return self.W_o @ self.K_ok
 
     @cached_property
     def F_k(self):
-        return linalg.triangular_solve(self.R_k, self.L_o, transpose=True)
+        return self.W_o.mT @ self.R_k
 
     # -- products shared by the covariances -------------------------------------------------------
     @cached_property
@@ -160,45 +187,57 @@ class CGPTerms(KernelTerms):
     @cached_property
     def J(self):
         """:math:`J = L_k^{-1}K_{ko}` (whitened key-to-latent cross-covariance)."""
-        return linalg.triangular_solve(self.K_ok.mT, self.L_k)
+        return self.W_k @ self.K_ok.mT
 
-    # -- covariances ----------------------------------------------------------------------------
+    # -- covariances (symmetric up to rounding: every consumer reads one triangle or a trace) ----
     @cached_property
     def sigma_q(self):
         r""":math:`\Sigma_q = \mathrm{Cov}[z_q\mid z_o] = K_q - K_{qo}P_oK_{oq} = K_q - R_q^\top R_q`."""
-        return linalg.symmetrise(self.K_q - self.RR_q)
+        return self.K_q - self.RR_q
 
     @cached_property
     def sigma_k(self):
         r""":math:`\Sigma_k = \mathrm{Cov}[z_k\mid z_o] = K_k - K_{ko}P_oK_{ok} = K_k - R_k^\top R_k`."""
-        return linalg.symmetrise(self.K_k - self.RR_k)
+        return self.K_k - self.RR_k
 
     @cached_property
     def X_q(self):
         r""":math:`X_q = A_qK_oA_q^\top = F_q^\top K_oF_q = R_q^\top R_q - \sigma^2F_q^\top F_q`
         (:math:`K_oF_q = K_{oq} - \sigma^2F_q`; the covariance of :math:`\mathbb E[z_q\mid z_o]`
         under :math:`z_o\sim\mathcal N(0, K_o)`)."""
-        return linalg.symmetrise(self.RR_q - self.noise_var * self.FF_q)
+        return self.RR_q - self.noise_var * self.FF_q
 
     @cached_property
     def X_k(self):
         r""":math:`X_k = F_k^\top K_oF_k = R_k^\top R_k - \sigma^2F_k^\top F_k`."""
-        return linalg.symmetrise(self.RR_k - self.noise_var * self.FF_k)
+        return self.RR_k - self.noise_var * self.FF_k
 
     @cached_property
     def sigma_o(self):
         r""":math:`\Sigma_o = \mathrm{Cov}[z_o\mid z_k] = K_o - K_{ok}P_kK_{ko} = K_o - J^\top J`
         (eq. 52 with its index typo fixed)."""
-        return linalg.symmetrise(self.K_o - self.J.mT @ self.J)
+        return self.K_o - self.J.mT @ self.J
+
+    @cached_property
+    def marginal_q(self):
+        r""":math:`\Sigma_q + X_q = K_q - \sigma^2F_q^\top F_q`, the covariance of :math:`z_q`
+        under :math:`z_o\sim\mathcal N(0, K_o)`."""
+        return self.K_q - self.noise_var * self.FF_q
+
+    @cached_property
+    def marginal_k(self):
+        r""":math:`\Sigma_k + X_k = K_k - \sigma^2F_k^\top F_k`."""
+        return self.K_k - self.noise_var * self.FF_k
 
     @cached_property
     def sigma_post(self):
         r""":math:`\Sigma_\text{post} = \mathrm{Cov}[z_q\mid z_k] = \Sigma_q + A_q\Sigma_oA_q^\top
-        = \Sigma_q + X_q - G^\top G` with :math:`G = JF_q`
-        (:math:`F_q^\top\Sigma_oF_q = F_q^\top K_oF_q - (JF_q)^\top JF_q`); never a second
+        = K_q - \sigma^2F_q^\top F_q - G^\top G` with :math:`G = JF_q`
+        (:math:`\Sigma_q + F_q^\top K_oF_q = K_q - \sigma^2F_q^\top F_q` and
+        :math:`F_q^\top\Sigma_oF_q = F_q^\top K_oF_q - (JF_q)^\top JF_q`); never a second
         moment minus :math:`\nu\nu^\top`."""
         G = self.J @ self.F_q
-        return linalg.symmetrise(self.sigma_q + (self.X_q - G.mT @ G))
+        return self.marginal_q - G.mT @ G
 
 
 class CorrelatedGP(CorrelatedScales, gpytorch.Module):
@@ -261,6 +300,8 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         v = v.to(t.dtype)
         if "F_q" in vars(t):  # the covariance path has P_o K_oq already: no further solve
             return t.F_q.mT @ (t.K_ok @ v)
+        if "factors_o" in vars(t):
+            return t.K_qo @ (t.W_o.mT @ (t.W_o @ (t.K_ok @ v)))
         return t.K_qo @ linalg.cholesky_solve(t.K_ok @ v, t.L_o)
 
     def attention_matrix(self, t: CGPTerms) -> torch.Tensor:
@@ -273,7 +314,7 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         r"""The predictive distribution :math:`z_q\mid z_k \sim` :class:`TokenNormal`
         :math:`(\nu, \Sigma_\text{post})`, batch ``[B, H]``, event ``(N, D)``; padded rows get
         unit variance (they are ignored downstream)."""
-        L = linalg.cholesky(t.sigma_post + t.pad_eye, where=f"{t.where} Sigma_post", head_axis=1)
+        L = t._chol(t.sigma_post, "Sigma_post")
         return TokenNormal(self.mean(t, v) if mean is None else mean, scale_tril=L)
 
     # -- the CGP regulariser --------------------------------------------------------------------
@@ -321,43 +362,45 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         floor = 0.0
         if observation_noise:  # sigma^2 I on the real block; pads keep their unit diagonal
             floor = t.noise_var * (t.eye if t.pair is None else t.eye * t.pair)
-        def chol(S, name):
-            return linalg.cholesky(S + floor + t.pad_eye, where=f"{t.where} {name}", head_axis=1)
+        def factors(S, name):
+            return linalg.cholesky_factors(S + floor + t.pad_eye, where=f"{t.where} {name}",
+                                           head_axis=1)
 
         if kind == "marginal":
             bound = 0.0
-            for target, S, name in ((nu, t.sigma_q + t.X_q, "Sigma_q + X_q"),
-                                    (z, t.sigma_k + t.X_k, "Sigma_k + X_k")):
-                L = chol(S, name)
-                quad = linalg.triangular_solve(target, L).square().sum((-1, -2))
-                bound = bound - 0.5 * (quad + D * _logdet(L, t.mask) + const)
+            for target, S, name in ((nu, t.marginal_q, "Sigma_q + X_q"),
+                                    (z, t.marginal_k, "Sigma_k + X_k")):
+                _, W = factors(S, name)
+                quad = (W @ target).square().sum((-1, -2))
+                bound = bound - 0.5 * (quad + D * _logdet(W, t.mask) + const)
             return bound.sum(-1)
-        L_q, L_k = chol(t.sigma_q, "Sigma_q"), chol(t.sigma_k, "Sigma_k")
+        W_q, W_k = factors(t.sigma_q, "Sigma_q")[1], factors(t.sigma_k, "Sigma_k")[1]
         if kind == "jensen":
             bound = 0.0
-            for target, L, X in ((nu, L_q, t.X_q), (z, L_k, t.X_k)):
-                quad = linalg.triangular_solve(target, L).square().sum((-1, -2))
-                tr = linalg.cholesky_solve(X, L).diagonal(dim1=-2, dim2=-1).sum(-1)
-                bound = bound - 0.5 * (quad + D * tr + D * _logdet(L, t.mask) + const)
+            for target, W, X in ((nu, W_q, t.X_q), (z, W_k, t.X_k)):
+                quad = (W @ target).square().sum((-1, -2))
+                tr = ((W @ X) * W).sum((-1, -2))                 # tr(S^-1 X) = <W X, W>
+                bound = bound - 0.5 * (quad + D * tr + D * _logdet(W, t.mask) + const)
             return bound.sum(-1)
         # "mc": the paper's estimator, z_o ~ N(0, K_o)
-        L_0 = chol(t.K_o, "K_o")
+        L_0 = linalg.cholesky(t.K_o + t.pad_eye, where=f"{t.where} K_o", head_axis=1)
         eps = torch.randn((int(samples),) + t.K_o.shape[:-1] + (1,), dtype=t.dtype,
                           device=t.device)
         z_o = L_0 @ eps  # [S, B, H, N, 1]
         bound = 0.0
-        for target, L, F in ((nu, L_q, t.F_q), (z, L_k, t.F_k)):
+        for target, W, F in ((nu, W_q, t.F_q), (z, W_k, t.F_k)):
             r = target - F.mT @ z_o
-            quad = linalg.triangular_solve(r, L.expand(r.shape[:-2] + L.shape[-2:]))
-            quad = quad.square().sum((-1, -2)).mean(0)
-            bound = bound - 0.5 * (quad + D * _logdet(L, t.mask) + const)
+            quad = (W @ r).square().sum((-1, -2)).mean(0)
+            bound = bound - 0.5 * (quad + D * _logdet(W, t.mask) + const)
         return bound.sum(-1)
 
 
-def _logdet(L: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    r""":math:`\log|LL^\top|` over the real tokens only (a padded diagonal entry is 1 plus
-    jitter; leaving it out makes the value exactly that of the unpadded sequence)."""
-    logs = L.diagonal(dim1=-2, dim2=-1).log()
+def _logdet(W: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    r""":math:`\log|LL^\top| = -2\sum_i\log W_{ii}` from the inverse factor :math:`W = L^{-1}`
+    (its diagonal is :math:`1/L_{ii}`, so no gradient reaches :math:`L`), over the real tokens
+    only (a padded diagonal entry is 1 plus jitter; leaving it out makes the value exactly that
+    of the unpadded sequence)."""
+    logs = -W.diagonal(dim1=-2, dim2=-1).log()
     if mask is not None:
         logs = logs * mask[:, None, :].to(logs.dtype)
     return 2.0 * logs.sum(-1)

@@ -29,10 +29,6 @@ __all__ = ["SparseCorrelatedGP", "SCGPTerms"]
 
 
 
-def _tr(A: torch.Tensor) -> torch.Tensor:
-    return A.diagonal(dim1=-2, dim2=-1).sum(-1)
-
-
 class SCGPTerms(KernelTerms):
     r"""The matrices and factors of one SCGP call, each computed on first use.
 
@@ -57,6 +53,7 @@ class SCGPTerms(KernelTerms):
         self.dtype, self.device = dtype, q.device
         self.sq = scale_q.to(dtype).view(-1, 1, 1)
         self.sk = scale_k.to(dtype).view(-1, 1, 1)
+        self.log_sq, self.log_sk = self.sq.log(), self.sk.log()
         self.noise_var = float(noise) ** 2
         self.mask, self.where, self.k_o = mask, where or type(self).__name__, k_o
         self.kernel = kernel if kernel is not None else CanonicalSEKernel()
@@ -68,41 +65,51 @@ class SCGPTerms(KernelTerms):
             m = mask.to(dtype)
             self.row = m[:, None, :, None]
             self.n_b = m.sum(-1, keepdim=True)
-        self.kernel_mask = self.row
+        self.real = None if mask is None else mask[:, None, :]
 
     def _chol(self, A, name: str):
-        return linalg.cholesky(linalg.symmetrise(A), where=f"{self.where} {name}", head_axis=1)
+        r"""Factor of an inducing-space matrix (lower triangle read) with the model jitter
+        :math:`\epsilon I` of :class:`~gpattn_ppl.settings.cholesky_jitter` (as gpytorch adds
+        to every :math:`K_{uu}`: inducing inputs may coincide), escalated where it fails."""
+        return linalg.cholesky(A, where=f"{self.where} {name}", head_axis=1,
+                               jitter=settings.cholesky_jitter.value(self.dtype))
+
+    def _factors(self, A, name: str):
+        """``(L, L^{-1})`` of an inducing-space matrix, with the jitter of :meth:`_chol`: every
+        later solve is a product with the inverse factor (cheap at m x m, and so is its
+        backward)."""
+        return linalg.cholesky_factors(A, where=f"{self.where} {name}", head_axis=1,
+                                       jitter=settings.cholesky_jitter.value(self.dtype))
 
     # -- kernels ----------------------------------------------------------------------------
     @cached_property
     def K_qm(self):
-        return self._k(self.q, self.s_m, self.sq)
+        return self._k(self.q, self.s_m, self.log_sq, tokens_b=False)
 
     @cached_property
     def K_om(self):
-        return self._k(self.x_o, self.s_m)
+        return self._k(self.x_o, self.s_m, tokens_b=False)
 
     @cached_property
     def K_ol(self):
-        return self._k(self.x_o, self.s_l)
+        return self._k(self.x_o, self.s_l, tokens_b=False)
 
     @cached_property
     def K_kl(self):
-        return self._k(self.k, self.s_l, self.sk)
+        return self._k(self.k, self.s_l, self.log_sk, tokens_b=False)
 
     @cached_property
     def K_mm(self):
-        return self.kernel.forward(self.s_m, self.s_m)
+        return self.kernel.gram(self.s_m, self.s_m)
 
     @cached_property
     def K_ll(self):
-        return self.kernel.forward(self.s_l, self.s_l)
+        return self.kernel.gram(self.s_l, self.s_l)
 
     @cached_property
     def K_o(self):
         """Dense ``[B, H, N, N]`` latent Gram matrix (exact regulariser only), pads zeroed."""
-        K = self.kernel.forward(self.x_o, self.x_o)
-        return K if self.row is None else K * self.row * self.row.mT
+        return self._k(self.x_o, self.x_o)
 
     # -- DTC factors ------------------------------------------------------------------------
     @cached_property
@@ -111,12 +118,30 @@ class SCGPTerms(KernelTerms):
         return self.K_om.mT @ self.K_om
 
     @cached_property
-    def L_m(self):
-        return self._chol(self.noise_var * self.K_mm + self.P_m, "B_m")
+    def factors_m(self):
+        r""":math:`(L_m, W_m = L_m^{-1})`, :math:`L_mL_m^\top = \tilde B_m`."""
+        return self._factors(self.noise_var * self.K_mm + self.P_m, "B_m")
 
     @cached_property
+    def factors_l(self):
+        r""":math:`(L_l, W_l = L_l^{-1})`, :math:`L_lL_l^\top = \tilde B_l`."""
+        return self._factors(self.noise_var * self.K_ll + self.K_kl.mT @ self.K_kl, "B_l")
+
+    @property
+    def L_m(self):
+        return self.factors_m[0]
+
+    @property
+    def W_m(self):
+        return self.factors_m[1]
+
+    @property
     def L_l(self):
-        return self._chol(self.noise_var * self.K_ll + self.K_kl.mT @ self.K_kl, "B_l")
+        return self.factors_l[0]
+
+    @property
+    def W_l(self):
+        return self.factors_l[1]
 
     @cached_property
     def C_ml(self):
@@ -127,11 +152,10 @@ class SCGPTerms(KernelTerms):
         r""":math:`U^\top \hat K_o U` with :math:`\hat K_o = K_{ol}K_{ll}^{-1}K_{lo}` (``k_o="nystrom"``)
         or :math:`K_o` itself (``"exact"``), for ``U = K_{om}`` or ``K_{ol}``."""
         if self.k_o == "exact":
-            return linalg.symmetrise(U.mT @ (self.K_o @ U))
-        W = U.mT @ self.K_ol  # [.., r, l]
-        L = self._chol(self.K_ll, "K_ll")
-        Y = linalg.triangular_solve(W.mT, L)
-        return linalg.symmetrise(Y.mT @ Y)
+            return U.mT @ (self.K_o @ U)
+        W_ll = self._factors(self.K_ll, "K_ll")[1]
+        Y = W_ll @ (self.K_ol.mT @ U)                                  # L_ll^-1 K_lo U  [l, r]
+        return Y.mT @ Y
 
 
 class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
@@ -230,24 +254,24 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
     def mean(self, t: SCGPTerms, v: torch.Tensor) -> torch.Tensor:
         r"""Posterior mean (eq. 33 with Z = V), right to left, ``[B, H, N, D]``."""
         v = v.to(t.dtype)
-        a = linalg.cholesky_solve(t.K_kl.mT @ v, t.L_l)            # B~_l^-1 K_lk V   [l, D]
-        b = linalg.cholesky_solve(t.K_om.mT @ (t.K_ol @ a), t.L_m)  # B~_m^-1 K_mo K_ol a
+        a = t.W_l.mT @ (t.W_l @ (t.K_kl.mT @ v))                    # B~_l^-1 K_lk V   [l, D]
+        b = t.W_m.mT @ (t.W_m @ (t.K_om.mT @ (t.K_ol @ a)))          # B~_m^-1 K_mo K_ol a
         return t.K_qm @ b
 
     def attention_matrix(self, t: SCGPTerms) -> torch.Tensor:
         r"""The attention matrix of eq. 35, :math:`\mathcal K = K_{qm}\tilde B_m^{-1}K_{mo}
         K_{ol}\tilde B_l^{-1}K_{lk}`, ``[B, H, N, N]`` -- formed for analysis only (O(N²))."""
-        right = linalg.cholesky_solve(t.K_kl.mT, t.L_l)                # B~_l^-1 K_lk  [l, N]
-        left = linalg.cholesky_solve(t.K_om.mT @ t.K_ol, t.L_m)        # B~_m^-1 K_mo K_ol
+        right = t.W_l.mT @ (t.W_l @ t.K_kl.mT)                         # B~_l^-1 K_lk  [l, N]
+        left = t.W_m.mT @ (t.W_m @ t.C_ml)                              # B~_m^-1 K_mo K_ol
         return t.K_qm @ (left @ right)
 
     def cov_root(self, t: SCGPTerms) -> torch.Tensor:
         r"""R with :math:`\Sigma_\text{post} = \sigma^2 I + RR^\top`, ``[B, H, N, m]``:
         :math:`R = \sigma\,K_{qm}\tilde B_m^{-1}\,\mathrm{chol}(M)`."""
-        A_qm = linalg.cholesky_solve(t.K_qm.mT, t.L_m).mT             # K_qm B~_m^-1  [N, m]
-        J_lm = linalg.triangular_solve(t.C_ml.mT, t.L_l)               # L_l^-1 K_lo K_om [l, m]
+        A_qm = (t.K_qm @ t.W_m.mT) @ t.W_m                           # K_qm B~_m^-1  [N, m]
+        J_lm = t.W_l @ t.C_ml.mT                                       # L_l^-1 K_lo K_om [l, m]
         M = t.noise_var * t.K_mm + 2.0 * t.P_m + J_lm.mT @ J_lm
-        L_M = linalg.cholesky(linalg.symmetrise(M), where=f"{t.where} M", head_axis=1)
+        L_M = t._chol(M, "M")
         return math.sqrt(t.noise_var) * (A_qm @ L_M)
 
     def predictive(self, t: SCGPTerms, v: torch.Tensor, mean: torch.Tensor | None = None
@@ -283,16 +307,16 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
         if t.row is not None:
             v = v * t.row
         D, s2 = nu.shape[-1], t.noise_var
-        # query side, set m
-        P_q = t.K_qm.mT @ t.K_qm
-        E_q = linalg.cholesky_solve(P_q, t.L_m)
-        tr_q = _tr(linalg.cholesky_solve(t.nystrom(t.K_om) @ E_q, t.L_m)) + s2 * _tr(E_q)
-        # key side, set l (B~'_l uses the latent inputs)
-        L_lo = linalg.cholesky(linalg.symmetrise(s2 * t.K_ll + t.K_ol.mT @ t.K_ol),
-                               where=f"{t.where} B'_l", head_axis=1)
-        P_k = t.K_kl.mT @ t.K_kl
-        E_k = linalg.cholesky_solve(P_k, L_lo)
-        tr_k = _tr(linalg.cholesky_solve(t.nystrom(t.K_ol) @ E_k, L_lo)) + s2 * _tr(E_k)
+        # per side, with W the inverse factor of B~ (W B~ W^T = I), G = W K_{mq} and
+        # S = K_{mo} K_o K_{om}: tr(B~^-1 S B~^-1 P) = <W S W^T, G G^T>, tr(B~^-1 P) = ||G||^2
+        traces = []
+        for W, K_tok, K_lat in ((t.W_m, t.K_qm, t.K_om),                  # query side, set m
+                                (t._factors(s2 * t.K_ll + t.K_ol.mT @ t.K_ol, "B'_l")[1],
+                                 t.K_kl, t.K_ol)):                        # key side, set l
+            G = W @ K_tok.mT                                              # [r, N]
+            WSW = W @ t.nystrom(K_lat) @ W.mT                             # [r, r]
+            traces.append((WSW * (G @ G.mT)).sum((-1, -2)) + s2 * G.square().sum((-1, -2)))
+        tr_q, tr_k = traces
         sq = nu.square().sum((-1, -2)) + v.square().sum((-1, -2))
         bound = -(sq + D * (tr_q + tr_k)) / (2 * s2) - D * t.n_b * math.log(2 * math.pi * s2)
         return bound.sum(-1)

@@ -13,10 +13,13 @@ clock giving the fractional epoch of each step.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterable
 
+import pyro
 import torch
 
+from .. import linalg, settings
 from ..errors import DivergenceError
 from ..linalg import CholeskyError, NonFiniteError
 from ..ppl import OBJECTIVE_WEIGHTS
@@ -62,8 +65,16 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
     :meth:`~gpattn_ppl.infer.PyroProgram.set_epoch` to ``clock(i)``, compute
     :meth:`~gpattn_ppl.infer.PyroProgram.loss`, ``zero_grad``, ``backward``, clip the gradient
     norm of the network's parameters to ``grad_clip`` (when truthy), ``optimizer.step()``,
-    ``scheduler.step()``. The loss is read to the host once per step, before ``backward``: a
-    non-finite loss stops the pass before it reaches the parameters.
+    ``scheduler.step()``.
+
+    **One host synchronisation per step.** The loss is computed on the fast path: without
+    argument checks (:class:`~gpattn_ppl.settings.validate_args` and Pyro's validation off)
+    and with every Cholesky unchecked (:class:`~gpattn_ppl.linalg.deferred_checks`). Its value
+    and whether any factorisation failed are read to the host together, once, before
+    ``backward``. A step whose factorisation failed, whose loss is not finite or whose fast
+    path raised is computed again with every check on -- where the failing matrices get their
+    jitter escalation, or a named error -- and a loss still non-finite then stops the pass
+    before it reaches the parameters. Such re-runs are counted (``checked_reruns``).
 
     :param clock: step index -> fractional epoch (:func:`epoch_clock`); ``None`` leaves the
         program's clock where it is.
@@ -73,7 +84,8 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
     :param checks: a dict receiving ``{key: message}`` of :func:`objective_checks` on this
         pass's means (an objective term or the loss out of its usual range).
     :returns: ``{"loss": mean loss, "nll": mean cross-entropy, "term/<name>": mean of each
-        objective term}`` (``nll`` when the program records it).
+        objective term, "checked_reruns": steps re-run with the checks on}`` (``nll`` when the
+        program records it).
     :raises DivergenceError: the loss, the logits or the parameters became non-finite; names
         the epoch, the step (1-based) and the term(s) that went non-finite.
     :raises ValueError: ``batches`` is empty.
@@ -84,18 +96,21 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
         epoch = clock(0) if clock is not None else program.epoch
     term_sums: dict[str, torch.Tensor] = {}
     shares: dict[str, torch.Tensor] = {}
-    nll_sum, loss_sum, n_steps = None, 0.0, 0
+    nll_sum, loss_sum, n_steps, reruns = None, 0.0, 0, 0
     for i, b in enumerate(batches):
         if clock is not None:
             program.set_epoch(clock(i))
-        try:
-            loss = program.loss(b.x, b.mask, b.y, b.index)
-        except (ValueError, CholeskyError) as err:
-            _raise_if_diverged(err, program, epoch, i)
-            raise
-        value = float(loss.detach())  # the one host synchronisation of a step
-        if not math.isfinite(value):
-            raise DivergenceError(_divergence_message(program, epoch, i, value))
+        loss, value = _fast_loss(program, b)
+        if loss is None:  # a factorisation failed or the loss is not finite: check everything
+            reruns += 1
+            try:
+                loss = program.loss(b.x, b.mask, b.y, b.index)
+            except (ValueError, CholeskyError) as err:
+                _raise_if_diverged(err, program, epoch, i)
+                raise
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise DivergenceError(_divergence_message(program, epoch, i, value))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if grad_clip:
@@ -119,7 +134,7 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
             progress.update(1)
     if n_steps == 0:
         raise ValueError("fit_epoch: no batches")
-    out = {"loss": loss_sum / n_steps}
+    out = {"loss": loss_sum / n_steps, "checked_reruns": reruns}
     if nll_sum is not None:
         out["nll"] = float(nll_sum) / n_steps
     out.update({f"term/{k}": float(v) / n_steps for k, v in term_sums.items()})
@@ -127,6 +142,24 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
         checks.update(objective_checks(out["loss"], out.get("nll"),
                                        {k: float(v) / n_steps for k, v in shares.items()}))
     return out
+
+
+def _fast_loss(program: PyroProgram, b) -> tuple[torch.Tensor | None, float]:
+    """The step's loss on the fast path and its value, read with the factorisations' status in
+    one host synchronisation; ``(None, nan)`` when the step must be re-run with the checks on."""
+    try:
+        with linalg.deferred_checks() as box, settings.validate_args(False), \
+                pyro.validation_enabled(False), warnings.catch_warnings():
+            # Pyro's ELBO warns about a NaN loss itself; the checked re-run reports it instead
+            warnings.filterwarnings("ignore", message="Encountered NaN", category=UserWarning)
+            loss = program.loss(b.x, b.mask, b.y, b.index)
+    except (ValueError, RuntimeError):  # the checked re-run names the problem
+        return None, math.nan
+    value, failed = torch.stack([loss.detach().double(),
+                                 box.failed().to(loss.device, torch.float64)]).tolist()
+    if failed or not math.isfinite(value):
+        return None, math.nan
+    return loss, value
 
 
 # -- divergence ----------------------------------------------------------------------------------

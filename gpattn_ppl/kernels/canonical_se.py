@@ -59,6 +59,38 @@ class CanonicalSEKernel(Kernel):
         new.batch_shape = torch.empty(self.batch_shape, device="meta")[index].shape
         return new
 
+    @staticmethod
+    def gram(x1: torch.Tensor, x2: torch.Tensor, *, log_scale: torch.Tensor | None = None,
+             rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> torch.Tensor:
+        r"""The scaled, masked Gram matrix in one fused pass, ``[..., n, m]``:
+
+        .. math::
+            K_{ab} = \exp\Big(\min\big(\log s,\; x_{1,a}^\top x_{2,b} - \tfrac12\lVert x_{1,a}
+            \rVert^2 - \tfrac12\lVert x_{2,b}\rVert^2 + \beta_a + \gamma_b\big)\Big)
+            = s\,\kappa_o(x_{1,a}, x_{2,b})\,[\text{row } a\text{ and column } b\text{ real}],
+
+        with :math:`\beta_a, \gamma_b \in \{0, -\infty\}` from the masks (a padded row or
+        column is exactly 0, and so is its gradient) and the clamp at :math:`\log s` the
+        :math:`\lVert\cdot\rVert^2 \ge 0` of :meth:`sq_dist`. One product and three passes over
+        the ``[..., n, m]`` result, against eight for ``s * forward(x1, x2) * mask``.
+
+        :param x1: ``[..., n, D]``. :param x2: ``[..., m, D]``.
+        :param log_scale: :math:`\log s`, broadcastable to ``[..., 1, 1]`` (default 0: s = 1).
+        :param rows: ``[..., n]`` bool (True = real) or ``None``; ``cols`` likewise ``[..., m]``.
+        """
+        a = -0.5 * x1.square().sum(-1, keepdim=True)                 # [..., n, 1]
+        if log_scale is not None:
+            a = a + log_scale
+        b = -0.5 * x2.square().sum(-1).unsqueeze(-2)                 # [..., 1, m]
+        if rows is not None:
+            a = a.masked_fill(~rows.unsqueeze(-1), float("-inf"))
+        if cols is not None:
+            b = b.masked_fill(~cols.unsqueeze(-2), float("-inf"))
+        expo = torch.matmul(x1, x2.transpose(-1, -2)).add_(a).add_(b)
+        top = 0.0 if log_scale is None else log_scale
+        return torch.exp(torch.clamp(expo, max=top) if torch.is_tensor(top)
+                         else expo.clamp_max(top))
+
     def forward(self, x1: torch.Tensor, x2: torch.Tensor, diag: bool = False,
                 last_dim_is_batch: bool = False, **params) -> torch.Tensor:
         if last_dim_is_batch:

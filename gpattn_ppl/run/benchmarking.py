@@ -1,7 +1,9 @@
 """Timing utilities shared by ``gpattn-ppl bench`` and the scripts in ``benchmarks/``.
 
 Times are medians of repeated runs after warm-up (``torch.cuda.synchronize`` on GPU). Nothing
-here is asserted by tests; results are written as JSON.
+here is asserted by tests; results are written as JSON. :func:`peak_memory` (the tensor memory
+of one call) and :func:`sync_counter` (host synchronisations of a block) watch the aten ops
+through a :class:`~torch.utils._python_dispatch.TorchDispatchMode`.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ import math
 import platform
 import statistics
 import time
+import weakref
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 __all__ = ["time_fn", "split_spec", "build_unit", "layer_inputs", "train_step", "layer_step_time",
            "spec_step_time", "time_against_softmax", "round_summary", "loglog_slope",
-           "machine_info", "write_json", "bench_layers", "bench_arg_parser", "bench_device"]
+           "machine_info", "write_json", "bench_layers", "bench_arg_parser", "bench_device",
+           "peak_memory", "sync_counter"]
 
 
 def _sync(device: torch.device) -> None:
@@ -216,3 +222,162 @@ def bench_device(args: argparse.Namespace) -> torch.device:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     return torch.device(args.device)
+
+
+# -- memory and host synchronisations, seen at the aten level -------------------------------------
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _storage(t: torch.Tensor):
+    """``t``'s untyped storage, or ``None`` for tensors without one (sparse, nested, ...)."""
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+
+
+def _storage_key(s) -> tuple[str, int]:
+    return str(s.device), s.data_ptr()
+
+
+class _AllocationTracker(TorchDispatchMode):
+    """The storages of the outputs of every aten op (forward and backward) that are not storages
+    of the op's inputs and not already tracked: their running total of bytes, its peak and the
+    largest one; a ``weakref.finalize`` on each storage takes it off the total when it is freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[tuple[str, int], int] = {}
+        self.current = 0
+        self.peak = 0
+        self.largest: dict | None = None
+        self._finalizers: list[weakref.finalize] = []
+
+    def _free(self, key: tuple[str, int]) -> None:
+        self.current -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {_storage_key(s) for s in map(_storage, _tensors((args, kwargs))) if s is not None}
+        for t in _tensors(out):
+            s = _storage(t)
+            if s is None or s.device.type == "meta":
+                continue
+            key, nbytes = _storage_key(s), s.nbytes()
+            if nbytes == 0 or key in self.live or key in inputs:  # a view, in place, or empty
+                continue
+            self.live[key] = nbytes
+            self.current += nbytes
+            self.peak = max(self.peak, self.current)
+            if self.largest is None or nbytes > self.largest["bytes"]:
+                self.largest = {"shape": list(t.shape), "bytes": nbytes}
+            self._finalizers.append(weakref.finalize(s, self._free, key))
+        return out
+
+    def detach(self) -> None:
+        """Stop watching the storages still alive (they stay counted in ``peak``)."""
+        for f in self._finalizers:
+            f.detach()
+        self._finalizers.clear()
+
+
+def peak_memory(fn, device: torch.device | str = "cpu") -> dict:
+    """Run ``fn()`` once; the peak tensor memory it allocated and its largest tensor.
+
+    Counted: the storages of tensors created by aten ops inside ``fn`` -- forward and backward,
+    autograd's saved tensors and gradients included -- while they are alive (a freed
+    intermediate counts towards the peak until it is freed). A view or an in-place result shares
+    its input's storage and is not counted again; storages that existed before ``fn`` (inputs,
+    parameters, their in-place updates) do not count. What ``fn`` allocates and keeps (a
+    returned tensor, ``.grad``) counts.
+
+    * CPU: the running total of those storages' ``nbytes`` (no allocator fragmentation or
+      rounding, no workspace a kernel allocates and frees internally, no Python objects);
+    * CUDA: ``torch.cuda.max_memory_allocated`` minus the memory allocated before ``fn``, i.e.
+      what the caching allocator handed out (block rounding and library workspaces included,
+      its reserved-but-free cache excluded).
+
+    :returns: ``{"peak_bytes": int, "largest_tensor": {"shape": [...], "bytes": int}}``: the
+        largest single storage allocated inside ``fn`` and the shape of the tensor that
+        created it (``{"shape": None, "bytes": 0}`` if ``fn`` allocated nothing).
+    """
+    device = torch.device(device)
+    tracker = _AllocationTracker()
+    try:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            with tracker:
+                fn()
+            torch.cuda.synchronize(device)
+            peak = torch.cuda.max_memory_allocated(device) - before
+        else:
+            with tracker:
+                fn()
+            peak = tracker.peak
+    finally:
+        tracker.detach()
+    return {"peak_bytes": int(peak),
+            "largest_tensor": tracker.largest or {"shape": None, "bytes": 0}}
+
+
+#: aten ops whose result the host waits for (a scalar read, a data-dependent output size, a
+#: comparison answered on the host, an assertion)
+SYNC_OPS = frozenset({"_local_scalar_dense", "is_nonzero", "nonzero", "equal", "allclose",
+                      "_assert_async", "masked_select", "_unique", "_unique2", "unique_dim",
+                      "unique_consecutive"})
+
+
+def _is_sync(func, args, kwargs) -> bool:
+    name = func.overloadpacket.__name__
+    if name in SYNC_OPS:
+        return True
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):  # boolean-mask indexing
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                   for i in indices)
+    if name == "_to_copy":  # device -> host copy
+        src, dst = args[0], kwargs.get("device")
+        return (src.device.type != "cpu" and dst is not None and torch.device(dst).type == "cpu"
+                and not kwargs.get("non_blocking", False))
+    if name == "copy_":
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return (args[0].device.type == "cpu" and args[1].device.type != "cpu"
+                and not non_blocking)
+    return False
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts the host synchronisations of the ops run under it (see :func:`sync_counter`):
+    ``count`` and ``ops`` (the aten op names, in order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _is_sync(func, args, kwargs):
+            self.count += 1
+            self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **kwargs)
+
+
+def sync_counter() -> SyncCounter:
+    """A context manager counting host synchronisations at the aten level::
+
+        with sync_counter() as s:
+            step()
+        assert s.count == 0, s.ops
+
+    Counted: the ops of :data:`SYNC_OPS` (``.item()``, ``float(t)``, ``bool(t)`` and ``if t:``
+    reach ``_local_scalar_dense``), boolean-mask indexing, and blocking device -> host copies
+    (``.cpu()``, ``.tolist()`` of a CUDA tensor). Not seen: syncs inside a kernel or in Python
+    code that reads tensor data without an aten op (``.tolist()`` / ``.numpy()`` of a CPU
+    tensor), and ``torch.cuda.synchronize``.
+    """
+    return SyncCounter()

@@ -124,7 +124,10 @@ class Trainer:
         t = self.cfg["train"]
         params = [p for p in self.net.parameters() if p.requires_grad]
         opt_cls = torch.optim.AdamW if t["optimizer"] == "adamw" else torch.optim.Adam
-        self.optimizer = opt_cls(params, lr=t["lr"], weight_decay=t["weight_decay"])
+        # the fused kernel: one pass over all parameters and no host read per parameter (the
+        # for-loop implementation reads every step counter with .item(); 9x slower measured)
+        self.optimizer = opt_cls(params, lr=t["lr"], weight_decay=t["weight_decay"],
+                                 fused=self.device.type in ("cpu", "cuda"))
         self.steps_per_epoch = math.ceil(math.ceil(self.num_data / self.world)
                                          / self.cfg["data"]["batch_size"])
         total = self.steps_per_epoch * t["epochs"]
@@ -265,13 +268,14 @@ class Trainer:
                 start = time.perf_counter()
                 train_stats = self.train_epoch(bar)
                 seconds = time.perf_counter() - start
+                reruns = train_stats.pop("checked_reruns", 0)
                 val = self.validate()
                 score = val[self.select_metric]
                 better = (self.best["score"] is None
                           or (score > self.best["score"] if higher else score < self.best["score"]))
                 row = {"epoch": self.epoch + 1, "seconds": seconds, "lr": self.scheduler.get_last_lr()[0],
                        **train_stats, **{f"val/{k}": v for k, v in val.items()},
-                       **self._numerics_row()}
+                       **self._numerics_row(), "numerics/checked_reruns": reruns}
                 self.history.append(row)
                 self.epoch += 1
                 if self.rank == 0:
