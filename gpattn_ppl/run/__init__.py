@@ -27,6 +27,7 @@ import importlib
 #: submodule -> the names it exports; they are imported from it on first use
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "benchmarking": ("bench_arg_parser", "bench_device", "bench_layers", "build_unit",
+                     "peak_memory", "sync_counter",
                      "layer_inputs", "layer_step_time", "loglog_slope", "machine_info",
                      "round_summary", "spec_step_time", "split_spec", "time_against_softmax",
                      "time_fn", "train_step", "write_json"),

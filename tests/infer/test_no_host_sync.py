@@ -3,43 +3,27 @@
 A synchronisation is an op that reads a tensor to the host: ``.item()``, ``float(t)``,
 ``bool(t)`` (``aten._local_scalar_dense``, ``aten.is_nonzero``), ``aten.nonzero`` and friends.
 On CPU they cost little; on a GPU each one stalls the stream. The counter is a dispatch mode, so
-it sees them on CPU too.
+it sees them on CPU too (:func:`gpattn_ppl.run.benchmarking.sync_counter`).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpattn_ppl import linalg, settings
 from gpattn_ppl.attention import ATTENTION, build_attention
 from gpattn_ppl.infer import PyroProgram, fit_epoch
 from gpattn_ppl.models import build_model
-
-_SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "nonzero", "equal", "_assert_async"}
-
-
-class _Syncs(TorchDispatchMode):
-    """Records every op that reads a tensor to the host."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name in _SYNC_OPS:
-            self.ops.append(name)
-        return func(*args, **(kwargs or {}))
+from gpattn_ppl.run.benchmarking import sync_counter
 
 
 def test_the_counter_sees_a_sync_and_nothing_else():
     t = torch.randn(4)
-    with _Syncs() as s:
+    with sync_counter() as s:
         u = t * 2 + 1
     assert s.ops == []
-    with _Syncs() as s:
+    with sync_counter() as s:
         bool(u.sum() > 0)
     assert s.ops == ["_local_scalar_dense"]
 
@@ -63,7 +47,7 @@ def test_unit_training_step_reads_nothing_to_the_host(kind, options):
     mask = torch.ones(3, 6, dtype=torch.bool)
     mask[0, 4:] = False
     unit(x, mask)  # first call: one-off data initialisations (inducing inputs, k-means) may read
-    with linalg.deferred_checks() as box, settings.validate_args(False), _Syncs() as s:
+    with linalg.deferred_checks() as box, settings.validate_args(False), sync_counter() as s:
         out = unit(x, mask)
         loss = out.square().mean() + sum(v.sum() for v in unit.objective_terms().values())
         loss.backward()
@@ -92,7 +76,7 @@ def test_fit_loop_reads_the_host_once_per_step_of_its_own():
 
     batches = [B(i) for i in range(3)]
     fit_epoch(program, opt, batches[:1])  # warm-up
-    with _Syncs() as s:
+    with sync_counter() as s:
         out = fit_epoch(program, opt, batches)
     assert out["checked_reruns"] == 0
     # 4 per step from Pyro; 2 at the end of the epoch (the means of the cross-entropy and terms)
