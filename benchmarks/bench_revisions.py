@@ -20,6 +20,10 @@ from pathlib import Path
 
 CODE = r'''
 import sys, json, time, torch
+if sys.argv[5] == "keep":  # the command line's allocator policy (gpattn_ppl.run.allocator)
+    import ctypes
+    m = ctypes.CDLL("libc.so.6").mallopt
+    assert m(-3, 1 << 30) == 1 and m(-1, (1 << 31) - 1) == 1 and m(-2, 64 << 20) == 1
 repo = sys.argv[1]; sys.path.insert(0, repo)
 import gpattn_ppl; assert gpattn_ppl.__file__.startswith(repo), gpattn_ppl.__file__
 from gpattn_ppl.attention import build_attention
@@ -70,6 +74,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--units", nargs="*", default=None, help="a subset of the units (default all)")
+    p.add_argument("--malloc", choices=["keep", "system"], default="system",
+                   help="allocator policy of both sides: glibc's defaults, or keep freed memory "
+                        "as the command line does since gpattn_ppl.run.allocator")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     old, new = str(Path(args.old).resolve()), str(Path(args.new).resolve())
@@ -83,7 +90,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for label, repo in (("old", old), ("new", new)):
             proc = subprocess.run([sys.executable, "-c", CODE, repo, json.dumps(units),
-                                   str(args.N), str(args.repeats)],
+                                   str(args.N), str(args.repeats), args.malloc],
                                   capture_output=True, text=True, cwd="/")
             if proc.returncode:
                 sys.exit(proc.stderr[-2000:])
@@ -102,7 +109,7 @@ def main() -> None:
                 summary[name][f"{side}_over_softmax"] = round(statistics.median(per), 3)
                 summary[name][f"{side}_over_softmax_range"] = [round(min(per), 3),
                                                                round(max(per), 3)]
-    out = {"old": _revision(old), "new": _revision(new), "N": args.N, "B": 32, "C": 128, "H": 4, "rounds": args.rounds,
+    out = {"old": _revision(old), "new": _revision(new), "malloc": args.malloc, "N": args.N, "B": 32, "C": 128, "H": 4, "rounds": args.rounds,
            "repeats": args.repeats, "units": summary}
     text = json.dumps(out, indent=1)
     if args.out:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from gpattn_ppl.run.allocator import keep_freed_memory
 from gpattn_ppl.run.benchmarking import (
     bench_device,
     build_unit,
@@ -280,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--threads", type=int, default=2,
                    help="torch intra-op threads (0: leave torch's default)")
+    p.add_argument("--malloc", choices=["keep", "system"], default="keep",
+                   help="allocator policy: keep freed memory as the command line does "
+                        "(gpattn_ppl.run.allocator), or glibc's defaults")
     p.add_argument("--smoke", action="store_true",
                    help="tiny sizes (B=2, N in 8 16, C=16, H=2, one round)")
     p.add_argument("--out", default=None,
@@ -305,8 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         a.out = (str(Path(tempfile.gettempdir()) / "units_smoke.json") if a.smoke
                  else "benchmarks/results/units.json")
     device = bench_device(a)
+    malloc = keep_freed_memory() if a.malloc == "keep" else False
     units = list(dict.fromkeys(a.units))
     res = {**provenance(argv), "smoke": a.smoke, "device": str(device), "units": units,
+           "malloc_keep_freed_memory": malloc,
            "specs": {u: UNITS[u] for u in units},
            "targets": {u: {k: list(v) for k, v in TARGETS[u].items()}
                        for u in units if u in TARGETS}}

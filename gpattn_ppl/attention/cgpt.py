@@ -78,11 +78,12 @@ class _CorrelatedAttention(AttentionUnit):
         return self.proj.weight[self.dim: 2 * self.dim] + self.latent_offset
 
     def project(self, x: torch.Tensor):
-        """``(q, k, v, x_o)``, each ``[B, H, N, D]``."""
+        """``(q, k, v, x_o)``, each ``[B, H, N, D]``: one GEMM with the stacked weights
+        :math:`[W_q; W_k; W_v; W_o]` (a copy of ``4 C x C`` numbers instead of a second pass
+        over ``x``)."""
         B, N, _ = x.shape
-        q, k, v = self.proj(x).view(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        x_o = self.split_heads(F.linear(x, self.latent_weight()))
-        return q, k, v, x_o
+        weight = torch.cat([self.proj.weight, self.latent_weight()], 0)
+        return F.linear(x, weight).view(B, N, 4, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
 
     def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         r"""The (posterior-mean) attention matrix :math:`\mathcal K` with

@@ -57,6 +57,22 @@ class KernelTerms:
         return self.kernel.gram(a, b, log_scale=log_scale, rows=self.real,
                                 cols=self.real if tokens_b else None)
 
+    def _k_stacked(self, parts, b, *, tokens_b: bool = True):
+        r"""``[s_i\,\kappa_o(a_i, b)]`` for ``parts = [(a_i, log s_i or None)]`` (token rows
+        ``[B, H, N, D]`` each) against the same ``b``, as one product on the stacked rows;
+        returns the blocks ``[B, H, N, m]`` (views)."""
+        a = torch.cat([p[0] for p in parts], -2)
+        n = parts[0][0].shape[-2]
+        scales = [torch.zeros((), dtype=a.dtype, device=a.device) if ls is None
+                  else ls.reshape(-1, 1, 1) for _, ls in parts]
+        h = max(ls.numel() for ls in scales)
+        log_scale = torch.cat([ls.reshape(-1, 1, 1).expand(h, n, 1) for ls in scales],
+                              -2)                                           # [H | 1, P n, 1]
+        rows = None if self.real is None else self.real.repeat(1, 1, len(parts))
+        K = self.kernel.gram(a, b, log_scale=log_scale, rows=rows,
+                             cols=self.real if tokens_b else None)
+        return K.split(n, dim=-2)
+
 
 class CGPTerms(KernelTerms):
     r"""The kernel matrices and factors of one CGP call, each computed on first use.
@@ -90,18 +106,27 @@ class CGPTerms(KernelTerms):
             self.n_b = torch.full((q.shape[0], 1), float(N), dtype=dtype, device=q.device)
 
     # -- kernels ----------------------------------------------------------------------------
-    def _chol(self, A, name: str):
-        """Factor of ``A`` plus the pad identity (only its lower triangle is read)."""
-        return linalg.cholesky(A + self.pad_eye, where=f"{self.where} {name}", head_axis=1)
+    def _chol(self, A, name: str, *, pad: bool = True):
+        """Factor of ``A`` plus the pad identity (``pad=False``: ``A`` has it already; only the
+        lower triangle is read)."""
+        return linalg.cholesky(A + self.pad_eye if pad else A, where=f"{self.where} {name}",
+                               head_axis=1)
 
-    def _factors(self, A, name: str):
-        """``(L, L^{-1})`` of ``A`` plus the pad identity (:func:`~gpattn_ppl.linalg.cholesky_factors`)."""
-        return linalg.cholesky_factors(A + self.pad_eye, where=f"{self.where} {name}",
-                                       head_axis=1)
+    def _factors(self, A, name: str, *, pad: bool = True):
+        """``(L, L^{-1})`` of ``A`` plus the pad identity, as :meth:`_chol`
+        (:func:`~gpattn_ppl.linalg.cholesky_factors`)."""
+        return linalg.cholesky_factors(A + self.pad_eye if pad else A,
+                                       where=f"{self.where} {name}", head_axis=1)
+
+    @cached_property
+    def _against_latent(self):
+        r"""``(K_qo, K_o, K_ko)``: everything evaluated against the latent inputs, in one product."""
+        return self._k_stacked([(self.q, self.log_sq), (self.x_o, None), (self.k, self.log_sk)],
+                               self.x_o)
 
     @cached_property
     def K_o(self):
-        return self._k(self.x_o, self.x_o)
+        return self._against_latent[1]
 
     @cached_property
     def K_q(self):
@@ -113,17 +138,22 @@ class CGPTerms(KernelTerms):
 
     @cached_property
     def K_qo(self):
-        return self._k(self.q, self.x_o, self.log_sq)
+        return self._against_latent[0]
 
     @cached_property
     def K_ok(self):
-        return self._k(self.x_o, self.k, self.log_sk)
+        return self._against_latent[2].mT
 
     # -- factors ------------------------------------------------------------------------------
     @cached_property
     def factors_o(self):
         r""":math:`(L_o, W_o = L_o^{-1})`, :math:`L_oL_o^\top = K_o + \sigma^2 I`."""
-        return self._factors(self.K_o + self.noise_var * self.eye, "K_o + s2 I")
+        return self._factors(self.K_o + self.noise_eye, "K_o + s2 I", pad=False)
+
+    @cached_property
+    def noise_eye(self):
+        r""":math:`\sigma^2 I` on the real tokens plus the pad identity, added in one pass."""
+        return self.noise_var * self.eye + self.pad_eye
 
     @cached_property
     def L_o(self):
@@ -131,7 +161,7 @@ class CGPTerms(KernelTerms):
         posterior mean alone needs no inverse)."""
         if "factors_o" in vars(self):
             return self.factors_o[0]
-        return self._chol(self.K_o + self.noise_var * self.eye, "K_o + s2 I")
+        return self._chol(self.K_o + self.noise_eye, "K_o + s2 I", pad=False)
 
     @cached_property
     def W_o(self):
@@ -140,7 +170,7 @@ class CGPTerms(KernelTerms):
     @cached_property
     def factors_k(self):
         r""":math:`(L_k, W_k = L_k^{-1})`, :math:`L_kL_k^\top = K_k + \sigma^2 I`."""
-        return self._factors(self.K_k + self.noise_var * self.eye, "K_k + s2 I")
+        return self._factors(self.K_k + self.noise_eye, "K_k + s2 I", pad=False)
 
     @cached_property
     def L_k(self):
@@ -359,12 +389,12 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         z = t.K_k @ v + t.noise_var * v
         D = nu.shape[-1]
         const = D * t.n_b * _LOG_2PI
-        floor = 0.0
-        if observation_noise:  # sigma^2 I on the real block; pads keep their unit diagonal
-            floor = t.noise_var * (t.eye if t.pair is None else t.eye * t.pair)
+        # sigma^2 I on the real block with observation noise; pads keep their unit diagonal
+        shift = t.noise_eye if observation_noise else t.pad_eye
+
         def factors(S, name):
-            return linalg.cholesky_factors(S + floor + t.pad_eye, where=f"{t.where} {name}",
-                                           head_axis=1)
+            return linalg.cholesky_factors(S + shift if torch.is_tensor(shift) else S,
+                                           where=f"{t.where} {name}", head_axis=1)
 
         if kind == "marginal":
             bound = 0.0
@@ -377,9 +407,13 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         W_q, W_k = factors(t.sigma_q, "Sigma_q")[1], factors(t.sigma_k, "Sigma_k")[1]
         if kind == "jensen":
             bound = 0.0
-            for target, W, X in ((nu, W_q, t.X_q), (z, W_k, t.X_k)):
+            # tr(S_q^-1 X_q) = <W X_q, W>; on the key side, with Y = W R_k^T and
+            # F_k^T = R_k^T W_o: tr(S_k^-1 X_k) = ||Y||^2 - s2 ||Y W_o||^2 (F_k is never formed)
+            Y = W_k @ t.R_k.mT
+            traces = (((W_q @ t.X_q) * W_q).sum((-1, -2)),
+                      Y.square().sum((-1, -2)) - t.noise_var * (Y @ t.W_o).square().sum((-1, -2)))
+            for target, W, tr in ((nu, W_q, traces[0]), (z, W_k, traces[1])):
                 quad = (W @ target).square().sum((-1, -2))
-                tr = ((W @ X) * W).sum((-1, -2))                 # tr(S^-1 X) = <W X, W>
                 bound = bound - 0.5 * (quad + D * tr + D * _logdet(W, t.mask) + const)
             return bound.sum(-1)
         # "mc": the paper's estimator, z_o ~ N(0, K_o)

@@ -83,20 +83,32 @@ class SCGPTerms(KernelTerms):
 
     # -- kernels ----------------------------------------------------------------------------
     @cached_property
+    def _against_m(self):
+        """``(K_qm, K_om)`` in one product."""
+        return self._k_stacked([(self.q, self.log_sq), (self.x_o, None)], self.s_m,
+                               tokens_b=False)
+
+    @cached_property
+    def _against_l(self):
+        """``(K_ol, K_kl)`` in one product."""
+        return self._k_stacked([(self.x_o, None), (self.k, self.log_sk)], self.s_l,
+                               tokens_b=False)
+
+    @cached_property
     def K_qm(self):
-        return self._k(self.q, self.s_m, self.log_sq, tokens_b=False)
+        return self._against_m[0]
 
     @cached_property
     def K_om(self):
-        return self._k(self.x_o, self.s_m, tokens_b=False)
+        return self._against_m[1]
 
     @cached_property
     def K_ol(self):
-        return self._k(self.x_o, self.s_l, tokens_b=False)
+        return self._against_l[0]
 
     @cached_property
     def K_kl(self):
-        return self._k(self.k, self.s_l, self.log_sk, tokens_b=False)
+        return self._against_l[1]
 
     @cached_property
     def K_mm(self):

@@ -11,6 +11,7 @@
 * :mod:`~gpattn_ppl.run.output` -- strict JSON and the one run summary;
 * :mod:`~gpattn_ppl.run.plugins` -- ``--import MODULE`` and entry points: user datasets and units;
 * :mod:`~gpattn_ppl.run.runtime` -- device, DDP, seeding, peak memory;
+* :mod:`~gpattn_ppl.run.allocator` -- the process's allocator policy (keep freed memory);
 * :mod:`~gpattn_ppl.run.compare` -- configs x seeds -> the mean ± std table;
 * :mod:`~gpattn_ppl.run.demo` -- every registered unit on the bundled CoLA data;
 * :mod:`~gpattn_ppl.run.benchmarking`, :mod:`~gpattn_ppl.run.plotting` -- timings and figures;
@@ -26,6 +27,7 @@ import importlib
 
 #: submodule -> the names it exports; they are imported from it on first use
 _EXPORTS: dict[str, tuple[str, ...]] = {
+    "allocator": ("keep_freed_memory",),
     "benchmarking": ("bench_arg_parser", "bench_device", "bench_layers", "build_unit",
                      "peak_memory", "sync_counter",
                      "layer_inputs", "layer_step_time", "loglog_slope", "machine_info",

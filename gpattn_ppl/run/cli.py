@@ -315,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     for a user error (a :class:`~gpattn_ppl.errors.GpattnError` such as a bad config value, a
     malformed data file or a refused run folder; also ``ValueError``, ``OSError`` and invalid
     YAML), 1 for anything else (a bug: the line says so), 130 when interrupted. ``--debug``
-    (anywhere on the command line) lets the error propagate with its traceback instead.
+    (anywhere on the command line) lets the error propagate with its traceback instead. The
+    process's allocator keeps freed memory for reuse
+    (:func:`~gpattn_ppl.run.allocator.keep_freed_memory`; ``GPATTN_PPL_MALLOC=system`` to opt out).
 
     :param argv: arguments (default: ``sys.argv[1:]``).
     :returns: the exit status.
@@ -327,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "set") and args.set is None:
         args.set = []
     prog = f"gpattn-ppl {args.command}"
+    from .allocator import apply_default_policy
+
+    apply_default_policy()  # keep freed memory for reuse (no page faults per step; allocator.py)
     try:
         from .plugins import import_plugins, load_entry_points
 
