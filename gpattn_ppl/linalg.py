@@ -36,6 +36,7 @@ import threading
 import warnings
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import settings
 from .errors import GpattnError, NumericsWarning
@@ -312,20 +313,21 @@ class _InverseFactor(torch.autograd.Function):
         return L, W
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, gL: torch.Tensor | None, gW: torch.Tensor | None):
         L, W = ctx.saved_tensors
         if gL is None and gW is None:  # pragma: no cover -- autograd does not call it then
             return None, None
-        if gL is None:
-            phi = -(gW @ W.mT)
+        if gL is None:                  # Phi = -tril(gW W^T): the sign goes into the last scale
+            phi, scale = gW @ W.mT, -0.5
         else:
-            phi = L.mT @ gL
+            phi, scale = L.mT @ gL, 0.5
             if gW is not None:
-                phi = phi - gW @ W.mT
-        phi = phi.tril()
+                phi.sub_(gW @ W.mT)
+        phi.tril_()                     # fresh tensors: in place, fewer passes and allocations
         S = phi + phi.mT
         S.diagonal(dim1=-2, dim2=-1).mul_(0.5)
-        return W.mT @ (0.5 * S) @ W, None
+        return W.mT @ S.mul_(scale) @ W, None
 
 
 def cholesky_factors(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
@@ -412,8 +414,8 @@ def free_cholesky(raw: torch.Tensor) -> torch.Tensor:
     return torch.tril(raw, -1) + torch.diag_embed(raw.diagonal(dim1=-2, dim2=-1).exp())
 
 
-def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_axis: int
-                    ) -> torch.Tensor:
+def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_axis: int,
+                    inverse: bool = False):
     r"""Cholesky factor with a jitter *relative* to ``d`` (the prior variances), by equilibration.
 
     .. math::
@@ -429,12 +431,16 @@ def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_axis: 
     synchronisation of :func:`cholesky`.
 
     :param A: ``[..., n, n]``. :param d: ``[..., n]`` positive scales (pads: 1).
+    :param inverse: also return :math:`W = L^{-1} = \mathrm{chol}(\cdot)^{-1}\Delta^{-1/2}`
+        (:func:`cholesky_factors` on the equilibrated matrix: a matmul-only backward).
+    :returns: ``L``, or ``(L, W)`` with ``inverse``.
     """
     s = d.clamp_min(torch.finfo(d.dtype).tiny).rsqrt()
     eps = settings.cholesky_jitter.value(settings.gp_dtype.resolve(A.dtype))
+    factor = cholesky_factors if inverse else cholesky
     try:
-        L = cholesky(A * (s.unsqueeze(-1) * s.unsqueeze(-2)), where=where, head_axis=head_axis,
-                     jitter=eps)
+        L = factor(A * (s.unsqueeze(-1) * s.unsqueeze(-2)), where=where, head_axis=head_axis,
+                   jitter=eps)
     except NonFiniteError:
         flat = A.reshape((-1,) + A.shape[-2:])
         bad = (~torch.isfinite(flat).flatten(-2).all(-1)).nonzero().flatten()
@@ -444,4 +450,7 @@ def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_axis: 
         raise NonFiniteError(_nonfinite_message(
             flat[i].to(settings.gp_dtype.resolve(A.dtype)), where,
             _position(i, A.shape[:-2], head_axis), bad.numel(), flat.shape[0])) from None
+    if inverse:
+        L, W = L
+        return L * (1.0 / s).unsqueeze(-1).to(L.dtype), W * s.unsqueeze(-2).to(W.dtype)
     return L * (1.0 / s).unsqueeze(-1).to(L.dtype)

@@ -67,3 +67,56 @@ def test_shared_pieces_of_the_gp_heads():
     B = torch.randn(3, 3, dtype=A.dtype)
     torch.testing.assert_close(linalg.symmetrise(B), 0.5 * (B + B.T))
 
+
+
+# -- inverse factors and deferred checks ---------------------------------------------------------
+def test_cholesky_factors_match_torch_and_their_backward_is_torchs():
+    """(L, W) equal torch's factor and its triangular inverse; the matmul-only backward equals
+    torch's autograd through cholesky + solve_triangular (any mix of L and W used), and passes
+    gradcheck."""
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(2, 3, 6, 6, generator=g, dtype=torch.float64)
+    A0 = X @ X.mT + 0.5 * torch.eye(6, dtype=torch.float64)
+    weights = torch.randn(2, 6, 6, generator=g, dtype=torch.float64)
+
+    def loss(L, W, use):
+        out = (L * weights[0]).sum() if "L" in use else 0.0
+        out = out + ((W ** 2) * weights[1]).sum() if "W" in use else out
+        return out + L.diagonal(dim1=-2, dim2=-1).log().sum() if "logdet" in use else out
+
+    for use in (("L",), ("W",), ("L", "W"), ("W", "logdet")):
+        A = A0.clone().requires_grad_(True)
+        L, W = linalg.cholesky_factors(A)
+        loss(L, W, use).backward()
+        ours = A.grad
+        A = A0.clone().requires_grad_(True)
+        Lt = torch.linalg.cholesky(A)
+        Wt = torch.linalg.solve_triangular(Lt, torch.eye(6, dtype=A.dtype).expand_as(Lt),
+                                           upper=False)
+        loss(Lt, Wt, use).backward()
+        torch.testing.assert_close(L, Lt.detach(), rtol=0, atol=1e-12)
+        torch.testing.assert_close(W, Wt.detach(), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(ours, A.grad, rtol=1e-9, atol=1e-11)
+    assert torch.autograd.gradcheck(
+        lambda A: linalg.cholesky_factors(linalg.symmetrise(A))[1], (A0.clone().requires_grad_(),))
+
+
+def test_cholesky_reads_only_the_lower_triangle_and_adds_no_jitter_when_it_succeeds():
+    A = _spd(5)
+    noisy_upper = A + torch.triu(torch.full_like(A, 7.0), 1)
+    torch.testing.assert_close(linalg.cholesky(noisy_upper), torch.linalg.cholesky(A),
+                               rtol=0, atol=0)
+
+
+def test_deferred_checks_record_failures_without_raising_and_the_checked_call_rescues():
+    A = torch.stack([_spd(4), -torch.eye(4, dtype=torch.float64)])
+    with linalg.deferred_checks() as box:
+        linalg.cholesky(A)                     # no error, no escalation: recorded
+        linalg.cholesky(_spd(4))
+    assert box.calls == 2 and bool(box.failed())
+    assert linalg.numerics_stats()["escalations"] == 0
+    with linalg.deferred_checks() as box:
+        linalg.cholesky_factors(_spd(4))
+    assert box.calls == 1 and not bool(box.failed())
+    with pytest.raises(linalg.CholeskyError):  # outside the block: checked at once
+        linalg.cholesky(A)

@@ -20,7 +20,7 @@ import ctypes.util
 import os
 import sys
 
-__all__ = ["ENV", "keep_freed_memory"]
+__all__ = ["keep_freed_memory"]
 
 #: environment variable: ``system`` keeps glibc's defaults in the command line
 ENV = "GPATTN_PPL_MALLOC"

@@ -320,12 +320,13 @@ class DecoupledSGPAStrategy(gpytorch.Module):
         k_beta = self.inducing(weight.to(dtype))                          # [H, M, D]
         K_qq = block_mask(gram(self.kernel, q, q).to(dtype), mask)
         K_bb = gram(self.kernel, k_beta, k_beta).to(dtype)                # [H, M, M]
-        L_beta = scaled_cholesky(K_bb, K_bb.diagonal(dim1=-2, dim2=-1),
-                                 where=(where or "DecoupledSGPAStrategy") + " K_bb", head_axis=0)
+        L_beta, W_beta = scaled_cholesky(K_bb, K_bb.diagonal(dim1=-2, dim2=-1),
+                                         where=(where or "DecoupledSGPAStrategy") + " K_bb",
+                                         head_axis=0, inverse=True)
         K_bq = gram(self.kernel, k_beta.unsqueeze(0), q).to(dtype)        # [B, H, M, N]
         if mask is not None:
             K_bq = K_bq.masked_fill(~mask[:, None, None, :], 0.0)
-        A = triangular_solve(K_bq, L_beta)
+        A = W_beta @ K_bq                                  # L_beta^-1 K_bq: a product, no solve
         return DecoupledSGPAState(v=v, K_qq=K_qq, L_beta=L_beta, A=A, Av=A @ v, Kv=K_qq @ v,
                                   mask=mask)
 
