@@ -35,6 +35,7 @@ import pyro
 import torch
 
 from gpattn_ppl import linalg, settings
+from gpattn_ppl.run.allocator import apply_default_policy
 from gpattn_ppl.run.benchmarking import peak_memory, write_json
 from gpattn_ppl.run.config import load_config
 from gpattn_ppl.run.experiment import Trainer, load_bundle
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         a.methods, a.epochs, a.limit_train = ["softmax", "scgpt"], 1, 64
     if a.threads > 0:
         torch.set_num_threads(a.threads)
+    malloc = apply_default_policy()  # as the command line does (GPATTN_PPL_MALLOC=system: off)
     methods = list(dict.fromkeys(["softmax", *a.methods]))
     overrides = [f"train.epochs={a.epochs}", "eval.mc_samples=1", "train.progress=false",
                  f"train.device={a.device}"]
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.smoke:
         overrides.append("data.limit_eval=64")
     res = {**provenance(argv), "smoke": a.smoke, "epochs": a.epochs, "overrides": overrides,
+           "malloc_keep_freed_memory": malloc,
            "targets": {m: TARGETS.get(m, DEFAULT_TARGET) for m in methods if m != "softmax"},
            "methods": {}}
     bundles: dict = {}
