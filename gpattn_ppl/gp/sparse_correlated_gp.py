@@ -83,40 +83,52 @@ class SCGPTerms(KernelTerms):
 
     # -- kernels ----------------------------------------------------------------------------
     @cached_property
-    def _against_m(self):
-        """``(K_qm, K_om)`` in one product."""
-        return self._k_stacked([(self.q, self.log_sq), (self.x_o, None)], self.s_m,
-                               tokens_b=False)
+    def _tokens_by_inducing(self):
+        r"""``[B, H, 3N, m + l]``: the rows :math:`(q, x_o, k)` against the columns
+        :math:`(s_m, s_l)` in one product (scales :math:`\sigma_q`, 1, :math:`\sigma_k` per row
+        block, pad rows zeroed). Four of its six blocks are used; the two unused ones cost less
+        than a second call."""
+        return self._k_stacked([(self.q, self.log_sq), (self.x_o, None), (self.k, self.log_sk)],
+                               torch.cat([self.s_m, self.s_l], -2), tokens_b=False)
 
-    @cached_property
-    def _against_l(self):
-        """``(K_ol, K_kl)`` in one product."""
-        return self._k_stacked([(self.x_o, None), (self.k, self.log_sk)], self.s_l,
-                               tokens_b=False)
+    @property
+    def m(self) -> int:
+        return self.s_m.shape[-2]
 
     @cached_property
     def K_qm(self):
-        return self._against_m[0]
+        return self._tokens_by_inducing[0][..., :self.m]
+
+    @cached_property
+    def K_o_ml(self):
+        r""":math:`[K_{om} \mid K_{ol}]`, ``[B, H, N, m + l]`` (a contiguous row block)."""
+        return self._tokens_by_inducing[1]
 
     @cached_property
     def K_om(self):
-        return self._against_m[1]
+        return self.K_o_ml[..., :self.m]
 
     @cached_property
     def K_ol(self):
-        return self._against_l[0]
+        return self.K_o_ml[..., self.m:]
 
     @cached_property
     def K_kl(self):
-        return self._against_l[1]
+        return self._tokens_by_inducing[2][..., self.m:]
+
+    @cached_property
+    def _inducing_gram(self):
+        """``[H, m + l, m + l]``: :math:`(s_m, s_l)` against themselves, one product."""
+        s = torch.cat([self.s_m, self.s_l], -2)
+        return self.kernel.gram(s, s)
 
     @cached_property
     def K_mm(self):
-        return self.kernel.gram(self.s_m, self.s_m)
+        return self._inducing_gram[..., :self.m, :self.m]
 
     @cached_property
     def K_ll(self):
-        return self.kernel.gram(self.s_l, self.s_l)
+        return self._inducing_gram[..., self.m:, self.m:]
 
     @cached_property
     def K_o(self):
@@ -125,19 +137,49 @@ class SCGPTerms(KernelTerms):
 
     # -- DTC factors ------------------------------------------------------------------------
     @cached_property
+    def _latent_products(self):
+        r""":math:`[K_{om}\mid K_{ol}]^\top[K_{om}\mid K_{ol}]`, ``[B, H, m + l, m + l]``: its
+        blocks are :math:`P_m = K_{mo}K_{om}`, :math:`C_{ml} = K_{mo}K_{ol}` and
+        :math:`K_{lo}K_{ol}` (of :math:`\tilde B'_l`), one product."""
+        return self.K_o_ml.mT @ self.K_o_ml
+
+    @cached_property
     def P_m(self):
         """:math:`K_{mo}K_{om}`, ``[B, H, m, m]``."""
-        return self.K_om.mT @ self.K_om
+        return self._latent_products[..., :self.m, :self.m]
 
     @cached_property
+    def C_ml(self):
+        """:math:`K_{mo}K_{ol}`, ``[B, H, m, l]``."""
+        return self._latent_products[..., :self.m, self.m:]
+
+    @cached_property
+    def P_lo(self):
+        """:math:`K_{lo}K_{ol}`, ``[B, H, l, l]``."""
+        return self._latent_products[..., self.m:, self.m:]
+
+    @cached_property
+    def _factors_ml(self):
+        r"""``(L_m, W_m), (L_l, W_l)`` of :math:`\tilde B_m`, :math:`\tilde B_l`; one stacked
+        factorisation when m = l (batch index 0 is :math:`\tilde B_m`, 1 is :math:`\tilde B_l`)."""
+        B_m = self.noise_var * self.K_mm + self.P_m
+        B_l = self.noise_var * self.K_ll + self.K_kl.mT @ self.K_kl
+        if B_m.shape != B_l.shape:
+            return self._factors(B_m, "B_m"), self._factors(B_l, "B_l")
+        L, W = linalg.cholesky_factors(torch.stack([B_m, B_l]),
+                                       where=f"{self.where} B_m (0) / B_l (1)", head_axis=2,
+                                       jitter=settings.cholesky_jitter.value(self.dtype))
+        return (L[0], W[0]), (L[1], W[1])
+
+    @property
     def factors_m(self):
         r""":math:`(L_m, W_m = L_m^{-1})`, :math:`L_mL_m^\top = \tilde B_m`."""
-        return self._factors(self.noise_var * self.K_mm + self.P_m, "B_m")
+        return self._factors_ml[0]
 
-    @cached_property
+    @property
     def factors_l(self):
         r""":math:`(L_l, W_l = L_l^{-1})`, :math:`L_lL_l^\top = \tilde B_l`."""
-        return self._factors(self.noise_var * self.K_ll + self.K_kl.mT @ self.K_kl, "B_l")
+        return self._factors_ml[1]
 
     @property
     def L_m(self):
@@ -156,9 +198,11 @@ class SCGPTerms(KernelTerms):
         return self.factors_l[1]
 
     @cached_property
-    def C_ml(self):
-        """:math:`K_{mo}K_{ol}`, ``[B, H, m, l]``."""
-        return self.K_om.mT @ self.K_ol
+    def S_ml(self):
+        r""":math:`[K_{om}\mid K_{ol}]^\top\hat K_o[K_{om}\mid K_{ol}]` ``[B, H, m + l, m + l]``
+        (:meth:`nystrom` of both sets in one product); its diagonal blocks are :math:`S_m`,
+        :math:`S_l`."""
+        return self.nystrom(self.K_o_ml)
 
     def nystrom(self, U: torch.Tensor) -> torch.Tensor:
         r""":math:`U^\top \hat K_o U` with :math:`\hat K_o = K_{ol}K_{ll}^{-1}K_{lo}` (``k_o="nystrom"``)
@@ -322,11 +366,12 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
         # per side, with W the inverse factor of B~ (W B~ W^T = I), G = W K_{mq} and
         # S = K_{mo} K_o K_{om}: tr(B~^-1 S B~^-1 P) = <W S W^T, G G^T>, tr(B~^-1 P) = ||G||^2
         traces = []
-        for W, K_tok, K_lat in ((t.W_m, t.K_qm, t.K_om),                  # query side, set m
-                                (t._factors(s2 * t.K_ll + t.K_ol.mT @ t.K_ol, "B'_l")[1],
-                                 t.K_kl, t.K_ol)):                        # key side, set l
+        m = t.m
+        W_lo = t._factors(s2 * t.K_ll + t.P_lo, "B'_l")[1]
+        for W, K_tok, S in ((t.W_m, t.K_qm, t.S_ml[..., :m, :m]),        # query side, set m
+                            (W_lo, t.K_kl, t.S_ml[..., m:, m:])):        # key side, set l
             G = W @ K_tok.mT                                              # [r, N]
-            WSW = W @ t.nystrom(K_lat) @ W.mT                             # [r, r]
+            WSW = W @ S @ W.mT                                            # [r, r]
             traces.append((WSW * (G @ G.mT)).sum((-1, -2)) + s2 * G.square().sum((-1, -2)))
         tr_q, tr_k = traces
         sq = nu.square().sum((-1, -2)) + v.square().sum((-1, -2))
