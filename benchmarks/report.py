@@ -98,6 +98,21 @@ def epochs_table(d: dict) -> str:
     return "\n".join(lines)
 
 
+def compile_table(d: dict) -> str:
+    lines = [f"torch.compile of the whole unit, training step on the fast path, N = {d['N']}, "
+             f"B = {d['B']} (compilation budget {d['timeout_s']:.0f} s)", "",
+             "| unit | eager ms | compiled ms | compiled / eager | first call (compile) s |",
+             "|---|---|---|---|---|"]
+    for u, row in d["units"].items():
+        if "error" in row:
+            lines.append(f"| {u} | - | - | - | {row['error']} |")
+        else:
+            eager = 0.5 * (row["eager_ms"] + row["eager_again_ms"])
+            lines.append(f"| {u} | {eager:.1f} | {row['compiled_ms']:.1f} | "
+                         f"{row['compiled/eager']:.2f} | {row['compile_s']:.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--results", default="benchmarks/results")
@@ -112,6 +127,9 @@ def main() -> None:
     d = _load(root / "epochs.json")
     if d:
         print(f"### epochs.json\n\n{epochs_table(d)}\n")
+    d = _load(root / "compile.json")
+    if d:
+        print(f"### compile.json\n\n{compile_table(d)}\n")
 
 
 if __name__ == "__main__":

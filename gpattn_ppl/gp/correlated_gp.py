@@ -106,11 +106,21 @@ class CGPTerms(KernelTerms):
             self.n_b = torch.full((q.shape[0], 1), float(N), dtype=dtype, device=q.device)
 
     # -- kernels ----------------------------------------------------------------------------
-    def _chol(self, A, name: str, *, pad: bool = True):
-        """Factor of ``A`` plus the pad identity (``pad=False``: ``A`` has it already; only the
-        lower triangle is read)."""
+    def _chol(self, A, name: str, *, pad: bool = True, posterior: bool = False):
+        r"""Factor of ``A`` plus the pad identity (``pad=False``: ``A`` has it already; only the
+        lower triangle is read). ``posterior=True``: ``A`` is a computed covariance -- a
+        difference of PSD matrices, or a Gram matrix without noise -- that rounding leaves
+        indefinite more often than not in float32 (measured: CGPT's
+        :math:`\Sigma_\text{post}` failed in 240 of 241 demo training steps without it), so
+        it carries the :class:`~gpattn_ppl.settings.cholesky_jitter` value as part of the model,
+        as gpytorch adds jitter to every :math:`K_{uu}`; escalation starts above it."""
         return linalg.cholesky(A + self.pad_eye if pad else A, where=f"{self.where} {name}",
-                               head_axis=1)
+                               head_axis=1, jitter=self.model_jitter if posterior else None)
+
+    @property
+    def model_jitter(self) -> float:
+        """The jitter of computed covariances (see :meth:`_chol`)."""
+        return settings.cholesky_jitter.value(self.dtype)
 
     def _factors(self, A, name: str, *, pad: bool = True):
         """``(L, L^{-1})`` of ``A`` plus the pad identity, as :meth:`_chol`
@@ -344,7 +354,7 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         r"""The predictive distribution :math:`z_q\mid z_k \sim` :class:`TokenNormal`
         :math:`(\nu, \Sigma_\text{post})`, batch ``[B, H]``, event ``(N, D)``; padded rows get
         unit variance (they are ignored downstream)."""
-        L = t._chol(t.sigma_post, "Sigma_post")
+        L = t._chol(t.sigma_post, "Sigma_post", posterior=True)
         return TokenNormal(self.mean(t, v) if mean is None else mean, scale_tril=L)
 
     # -- the CGP regulariser --------------------------------------------------------------------
@@ -392,9 +402,10 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         # sigma^2 I on the real block with observation noise; pads keep their unit diagonal
         shift = t.noise_eye if observation_noise else t.pad_eye
 
-        def factors(S, name):
+        def factors(S, name):  # computed covariances: the model jitter of CGPTerms._chol
             return linalg.cholesky_factors(S + shift if torch.is_tensor(shift) else S,
-                                           where=f"{t.where} {name}", head_axis=1)
+                                           where=f"{t.where} {name}", head_axis=1,
+                                           jitter=t.model_jitter)
 
         if kind == "marginal":
             bound = 0.0
@@ -417,7 +428,7 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
                 bound = bound - 0.5 * (quad + D * tr + D * _logdet(W, t.mask) + const)
             return bound.sum(-1)
         # "mc": the paper's estimator, z_o ~ N(0, K_o)
-        L_0 = linalg.cholesky(t.K_o + t.pad_eye, where=f"{t.where} K_o", head_axis=1)
+        L_0 = t._chol(t.K_o, "K_o", posterior=True)
         eps = torch.randn((int(samples),) + t.K_o.shape[:-1] + (1,), dtype=t.dtype,
                           device=t.device)
         z_o = L_0 @ eps  # [S, B, H, N, 1]
