@@ -338,7 +338,7 @@ def cholesky_factors(A: torch.Tensor, *, where: str = "", head_axis: int | None 
     triangle of ``A`` is read); :math:`W` from one triangular solve against :math:`I`. Every
     later solve with :math:`L` becomes a matrix product (:math:`L^{-1}B = WB`,
     :math:`A^{-1}B = W^\top WB`, :math:`\mathrm{tr}(A^{-1}X) = \sum (WX)\odot W`), and the
-    backward of the pair is products only (:class:`_InverseFactor`).
+    backward of the pair is products only (``_InverseFactor``).
 
     :returns: ``(L, W)``, both ``[..., n, n]`` lower triangular in the GP dtype.
     """

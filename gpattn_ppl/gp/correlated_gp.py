@@ -119,11 +119,11 @@ class CGPTerms(KernelTerms):
 
     @property
     def model_jitter(self) -> float:
-        """The jitter of computed covariances (see :meth:`_chol`)."""
+        """The jitter of computed covariances (see ``_chol``)."""
         return settings.cholesky_jitter.value(self.dtype)
 
     def _factors(self, A, name: str, *, pad: bool = True):
-        """``(L, L^{-1})`` of ``A`` plus the pad identity, as :meth:`_chol`
+        """``(L, L^{-1})`` of ``A`` plus the pad identity, as ``_chol``
         (:func:`~gpattn_ppl.linalg.cholesky_factors`)."""
         return linalg.cholesky_factors(A + self.pad_eye if pad else A,
                                        where=f"{self.where} {name}", head_axis=1)

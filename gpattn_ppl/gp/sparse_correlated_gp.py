@@ -75,7 +75,7 @@ class SCGPTerms(KernelTerms):
                                jitter=settings.cholesky_jitter.value(self.dtype))
 
     def _factors(self, A, name: str):
-        """``(L, L^{-1})`` of an inducing-space matrix, with the jitter of :meth:`_chol`: every
+        """``(L, L^{-1})`` of an inducing-space matrix, with the jitter of ``_chol``: every
         later solve is a product with the inverse factor (cheap at m x m, and so is its
         backward)."""
         return linalg.cholesky_factors(A, where=f"{self.where} {name}", head_axis=1,

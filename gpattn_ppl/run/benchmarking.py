@@ -3,7 +3,7 @@
 Times are medians of repeated runs after warm-up (``torch.cuda.synchronize`` on GPU). Nothing
 here is asserted by tests; results are written as JSON. :func:`peak_memory` (the tensor memory
 of one call) and :func:`sync_counter` (host synchronisations of a block) watch the aten ops
-through a :class:`~torch.utils._python_dispatch.TorchDispatchMode`.
+through a ``torch.utils._python_dispatch.TorchDispatchMode``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 __all__ = ["time_fn", "split_spec", "build_unit", "layer_inputs", "train_step", "layer_step_time",
            "spec_step_time", "time_against_softmax", "round_summary", "loglog_slope",
            "machine_info", "write_json", "bench_layers", "bench_arg_parser", "bench_device",
-           "peak_memory", "sync_counter"]
+           "peak_memory", "sync_counter", "SYNC_OPS"]
 
 
 def _sync(device: torch.device) -> None:
@@ -367,7 +367,7 @@ class SyncCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def sync_counter() -> SyncCounter:
+def sync_counter():
     """A context manager counting host synchronisations at the aten level::
 
         with sync_counter() as s:
