@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +36,7 @@ import torch
 
 from gpattn_ppl import linalg, settings
 from gpattn_ppl.run.allocator import apply_default_policy
-from gpattn_ppl.run.benchmarking import peak_memory, write_json
+from gpattn_ppl.run.benchmarking import peak_memory, provenance, write_json
 from gpattn_ppl.run.config import load_config
 from gpattn_ppl.run.experiment import Trainer, load_bundle
 
@@ -103,17 +101,6 @@ def run_method(method: str, overrides: list[str], run_dir: Path, bundles: dict) 
             "fit_wall_s": wall, "device": str(trainer.device), "step_memory": memory}
 
 
-def provenance(argv: list[str] | None) -> dict:
-    """The git revision of the working tree and the command line of this run."""
-    try:
-        rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, check=True,
-                             capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev = None
-    args = sys.argv[1:] if argv is None else list(argv)
-    return {"git_revision": rev, "command": shlex.join(["python", sys.argv[0], *args])}
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--methods", nargs="+", choices=METHODS, default=METHODS, metavar="METHOD",
@@ -146,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"data.limit_train={a.limit_train}")
     if a.smoke:
         overrides.append("data.limit_eval=64")
-    res = {**provenance(argv), "smoke": a.smoke, "epochs": a.epochs, "overrides": overrides,
+    res = {**provenance(argv, ROOT), "smoke": a.smoke, "epochs": a.epochs, "overrides": overrides,
            "malloc_keep_freed_memory": malloc,
            "targets": {m: TARGETS.get(m, DEFAULT_TARGET) for m in methods if m != "softmax"},
            "methods": {}}

@@ -29,9 +29,7 @@ compact table. Nothing here is asserted by tests.
 from __future__ import annotations
 
 import argparse
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -45,6 +43,7 @@ from gpattn_ppl.run.benchmarking import (
     layer_inputs,
     loglog_slope,
     peak_memory,
+    provenance,
     round_summary,
     spec_step_time,
     time_against_softmax,
@@ -249,18 +248,6 @@ def print_table(res: dict, units: list[str]) -> None:
         print(line + f"  {_verdict(u, res)}")
 
 
-def provenance(argv: list[str] | None) -> dict:
-    """The git revision of the working tree and the command line of this run."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, check=True,
-                             capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev = None
-    args = sys.argv[1:] if argv is None else list(argv)
-    return {"git_revision": rev, "command": shlex.join(["python", sys.argv[0], *args])}
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--B", type=int, default=None,
@@ -311,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     device = bench_device(a)
     malloc = keep_freed_memory() if a.malloc == "keep" else False
     units = list(dict.fromkeys(a.units))
-    res = {**provenance(argv), "smoke": a.smoke, "device": str(device), "units": units,
+    res = {**provenance(argv, Path(__file__).resolve().parents[1]), "smoke": a.smoke, "device": str(device), "units": units,
            "malloc_keep_freed_memory": malloc,
            "specs": {u: UNITS[u] for u in units},
            "targets": {u: {k: list(v) for k, v in TARGETS[u].items()}

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpattn_ppl import linalg, settings
 from gpattn_ppl.attention import build_attention
 from gpattn_ppl.run.allocator import keep_freed_memory
+from gpattn_ppl.run.benchmarking import train_step
 
 
 def main() -> int:
@@ -40,14 +40,7 @@ def main() -> int:
     x = torch.randn(32, a.N, 128, requires_grad=True)
     mask = torch.ones(32, a.N, dtype=torch.bool)
 
-    def step():
-        with linalg.deferred_checks(), settings.validate_args(False):
-            y = unit(x, mask)
-            loss = y.square().mean() + sum(v.sum() for v in unit.objective_terms().values())
-            loss.backward()
-        unit.zero_grad(set_to_none=True)
-        x.grad = None
-
+    step = train_step(unit, x, mask, fast_path=True)
     for _ in range(3):
         step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -29,7 +29,7 @@ import importlib
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "allocator": ("keep_freed_memory",),
     "benchmarking": ("bench_arg_parser", "bench_device", "bench_layers", "build_unit",
-                     "peak_memory", "sync_counter", "SYNC_OPS",
+                     "peak_memory", "sync_counter", "SYNC_OPS", "provenance",
                      "layer_inputs", "layer_step_time", "loglog_slope", "machine_info",
                      "round_summary", "spec_step_time", "split_spec", "time_against_softmax",
                      "time_fn", "train_step", "write_json"),

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 __all__ = ["time_fn", "split_spec", "build_unit", "layer_inputs", "train_step", "layer_step_time",
            "spec_step_time", "time_against_softmax", "round_summary", "loglog_slope",
            "machine_info", "write_json", "bench_layers", "bench_arg_parser", "bench_device",
-           "peak_memory", "sync_counter", "SYNC_OPS"]
+           "peak_memory", "sync_counter", "SYNC_OPS", "provenance"]
 
 
 def _sync(device: torch.device) -> None:
@@ -72,18 +72,46 @@ def layer_inputs(B: int, N: int, dim: int, *, device: torch.device | str = "cpu"
     return x, torch.ones(B, N, dtype=torch.bool, device=device)
 
 
-def train_step(unit: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor):
+def train_step(unit: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor, *,
+               fast_path: bool = False):
     """A closure running one benchmark step of ``unit``: ``unit(x, mask)`` ->
-    ``mean(out^2) + sum(objective terms)`` -> ``backward``, then the gradients are cleared."""
+    ``mean(out^2) + sum(objective terms)`` -> ``backward``, then the gradients are cleared.
 
-    def step():
+    :param fast_path: run the step as the fit loop's fast path does: argument checks off and
+        factorisations unchecked (:class:`~gpattn_ppl.linalg.deferred_checks`).
+    """
+    from .. import linalg, settings
+
+    def run():
         out = unit(x, mask)
         loss = out.square().mean() + sum(v.sum() for v in unit.objective_terms().values())
         loss.backward()
         unit.zero_grad(set_to_none=True)
         x.grad = None
 
+    def step():
+        if not fast_path:
+            return run()
+        with linalg.deferred_checks(), settings.validate_args(False):
+            return run()
+
     return step
+
+
+def provenance(argv: list[str] | None, root: str | Path) -> dict:
+    """The git revision of the checkout at ``root`` (``git describe --always --dirty``, ``None``
+    outside git) and the command line of this run (``argv``: default ``sys.argv[1:]``)."""
+    import shlex
+    import subprocess
+    import sys
+
+    try:
+        rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, check=True,
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = None
+    args = sys.argv[1:] if argv is None else list(argv)
+    return {"git_revision": rev, "command": shlex.join(["python", sys.argv[0], *args])}
 
 
 def layer_step_time(unit: torch.nn.Module, B: int, N: int, *, repeats: int = 20, warmup: int = 3,
