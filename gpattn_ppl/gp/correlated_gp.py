@@ -29,14 +29,12 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 
 def _masks(mask: torch.Tensor | None, dtype: torch.dtype):
-    """``(pair, pad_eye, n_b)``: ``[B, 1, N, N]`` real-pair indicator, ``[B, 1, N, N]`` identity on
-    padded positions, ``[B, 1]`` real-token counts (``None, 0, None`` without a mask)."""
+    """``(pad_eye, n_b)``: ``[B, 1, N, N]`` identity on padded positions, ``[B, 1]`` real-token
+    counts (``0, None`` without a mask)."""
     if mask is None:
-        return None, 0.0, None
+        return 0.0, None
     m = mask.to(dtype)
-    pair = (m[:, :, None] * m[:, None, :])[:, None]
-    pad_eye = torch.diag_embed(1.0 - m)[:, None]
-    return pair, pad_eye, m.sum(-1, keepdim=True)
+    return torch.diag_embed(1.0 - m)[:, None], m.sum(-1, keepdim=True)
 
 
 class KernelTerms:
@@ -98,7 +96,7 @@ class CGPTerms(KernelTerms):
         self.noise_var = float(noise) ** 2
         self.mask, self.where = mask, where or type(self).__name__
         self.kernel = kernel if kernel is not None else CanonicalSEKernel()
-        self.pair, self.pad_eye, self.n_b = _masks(mask, dtype)
+        self.pad_eye, self.n_b = _masks(mask, dtype)
         self.real = None if mask is None else mask[:, None, :]
         N = q.shape[-2]
         self.eye = torch.eye(N, dtype=dtype, device=q.device)
@@ -114,7 +112,8 @@ class CGPTerms(KernelTerms):
         :math:`\Sigma_\text{post}` failed in 240 of 241 demo training steps without it), so
         it carries the :class:`~gpattn_ppl.settings.cholesky_jitter` value as part of the model,
         as gpytorch adds jitter to every :math:`K_{uu}`; escalation starts above it."""
-        return linalg.cholesky(A + self.pad_eye if pad else A, where=f"{self.where} {name}",
+        return linalg.cholesky(A + self.pad_eye if pad and self.mask is not None else A,
+                               where=f"{self.where} {name}",
                                head_axis=1, jitter=self.model_jitter if posterior else None)
 
     @property
@@ -125,7 +124,7 @@ class CGPTerms(KernelTerms):
     def _factors(self, A, name: str, *, pad: bool = True):
         """``(L, L^{-1})`` of ``A`` plus the pad identity, as ``_chol``
         (:func:`~gpattn_ppl.linalg.cholesky_factors`)."""
-        return linalg.cholesky_factors(A + self.pad_eye if pad else A,
+        return linalg.cholesky_factors(A + self.pad_eye if pad and self.mask is not None else A,
                                        where=f"{self.where} {name}", head_axis=1)
 
     @cached_property
