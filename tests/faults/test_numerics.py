@@ -359,3 +359,35 @@ def test_a_run_without_escalations_logs_zero(tmp_path):
     assert hist[0]["numerics/escalations"] == 0 and hist[0]["numerics/max_jitter"] == 0.0
     assert res["cost"]["numerics"]["escalations"] == 0
     assert not any(w.startswith("numerics:") for w in res["warnings"])
+
+
+def test_a_step_whose_factorisation_failed_on_the_fast_path_is_rerun_checked(monkeypatch):
+    """The fit loop reads "did a factorisation fail" with the loss; a step where one did is
+    computed again with every check on (so it would get its jitter or a named error) before
+    anything reaches the parameters: one checked re-run per such step, counted in the output,
+    and the pass trains on with the checked step's loss."""
+    torch.manual_seed(0)
+    net = build_model({"dim": 8, "heads": 2, "depth": 1, "mlp_dim": 8, "dropout": 0.0,
+                       "attention": {"kind": "cgpt"}}, num_classes=3, vocab_size=20)
+    program = PyroProgram(net, num_data=12)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    real_failed, calls = linalg.deferred_checks.failed, []
+    checked = []
+    real_cholesky = linalg.cholesky
+
+    def failed(self):  # the fast path of step 2 reports a failed factorisation
+        calls.append(self.calls)
+        return torch.tensor(True) if len(calls) == 2 else real_failed(self)
+
+    def cholesky(A, **kw):  # which factorisations ran checked (outside deferred_checks)
+        checked.append(linalg._deferred() is None)
+        return real_cholesky(A, **kw)
+
+    monkeypatch.setattr(linalg.deferred_checks, "failed", failed)
+    monkeypatch.setattr(linalg, "cholesky", cholesky)
+    losses = []
+    out = fit_epoch(program, opt, _batches(n=3), step_losses=losses)
+    tried("numerics")
+    assert out["checked_reruns"] == 1 and len(losses) == 3
+    assert all(c > 0 for c in calls)          # every fast path deferred its factorisations
+    assert any(checked) and not all(checked)  # and only the re-run checked them
