@@ -196,7 +196,7 @@ class deferred_checks(contextlib.ContextDecorator):
         synchronisation; ``False`` when there was none)."""
         if not self._infos:
             return torch.tensor(False)
-        return torch.cat([(i > 0).any().reshape(1) for i in self._infos]).any()
+        return torch.cat(self._infos).gt(0).any()
 
 
 def _deferred() -> deferred_checks | None:
@@ -227,7 +227,7 @@ def cholesky(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
     with gp_precision(A.device.type):
         A = A.to(dtype)
         eps = 0.0 if jitter is None else float(jitter)
-        eye = torch.eye(A.shape[-1], dtype=dtype, device=A.device)
+        eye = torch.eye(A.shape[-1], dtype=dtype, device=A.device) if eps else None
         L, info = torch.linalg.cholesky_ex(A + eps * eye if eps else A)
         box = _deferred()
         if box is not None:  # checked by the caller, once per step, with its loss
@@ -241,8 +241,8 @@ def cholesky(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
         return _escalate(A, bad, eps, eye, where, head_axis)
 
 
-def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor, where: str,
-              head_axis: int | None) -> torch.Tensor:
+def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor | None,
+              where: str, head_axis: int | None) -> torch.Tensor:
     """The failure path of :func:`cholesky`: name non-finite matrices, find each failing
     matrix's jitter (the ``cholesky_jitter`` value, or 10 ``eps``, then 10x per try), then
     factorise the batch once with per-matrix jitter (the first factor is dropped: its failed
@@ -256,6 +256,8 @@ def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor,
         pos = _position(i, batch_shape, head_axis)
         raise NonFiniteError(_nonfinite_message(flat_A[i], where, pos, nonfinite.numel(), total))
     failing = flat_bad.nonzero().flatten()
+    if eye is None:
+        eye = torch.eye(n, dtype=A.dtype, device=A.device)
     tries = settings.cholesky_jitter.max_tries()
     base = settings.cholesky_jitter.value(A.dtype)
     levels = ([base * 10.0 ** t for t in range(tries)] if eps == 0
@@ -285,6 +287,13 @@ def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor,
     return L
 
 
+def _triangular_inverse(L: torch.Tensor) -> torch.Tensor:
+    """:math:`L^{-1}` of lower-triangular ``L`` by the solve :math:`XL = I` (the right-sided
+    solve is the faster layout for LAPACK's trsm here)."""
+    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device)
+    return torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False, left=False)
+
+
 class _InverseFactor(torch.autograd.Function):
     r"""``(L, W = L^{-1})`` from ``A`` and its (detached) factor ``L``, with a matmul-only
     backward.
@@ -305,9 +314,7 @@ class _InverseFactor(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, A: torch.Tensor, L: torch.Tensor):  # noqa: ARG004 -- A: the graph's input
-        eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device)
-        # X L = I (the right-sided solve is the faster layout for LAPACK's trsm here)
-        W = torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False, left=False)
+        W = _triangular_inverse(L)
         ctx.save_for_backward(L, W)
         ctx.set_materialize_grads(False)
         return L, W
@@ -347,18 +354,8 @@ def cholesky_factors(A: torch.Tensor, *, where: str = "", head_axis: int | None 
         with torch.no_grad():
             L = cholesky(A.detach(), where=where, head_axis=head_axis, jitter=jitter)
         if not A.requires_grad:
-            return _InverseFactor.forward(_NoCtx(), A, L)
+            return L, _triangular_inverse(L)
         return _InverseFactor.apply(A, L)
-
-
-class _NoCtx:
-    """A stand-in for autograd's ``ctx`` when nothing needs a gradient."""
-
-    def save_for_backward(self, *tensors) -> None:
-        pass
-
-    def set_materialize_grads(self, value: bool) -> None:
-        pass
 
 
 def cholesky_solve(B: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
@@ -439,8 +436,8 @@ def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_axis: 
     eps = settings.cholesky_jitter.value(settings.gp_dtype.resolve(A.dtype))
     factor = cholesky_factors if inverse else cholesky
     try:
-        L = factor(A * (s.unsqueeze(-1) * s.unsqueeze(-2)), where=where, head_axis=head_axis,
-                   jitter=eps)
+        out = factor(A * (s.unsqueeze(-1) * s.unsqueeze(-2)), where=where, head_axis=head_axis,
+                     jitter=eps)
     except NonFiniteError:
         flat = A.reshape((-1,) + A.shape[-2:])
         bad = (~torch.isfinite(flat).flatten(-2).all(-1)).nonzero().flatten()
@@ -450,7 +447,6 @@ def scaled_cholesky(A: torch.Tensor, d: torch.Tensor, *, where: str, head_axis: 
         raise NonFiniteError(_nonfinite_message(
             flat[i].to(settings.gp_dtype.resolve(A.dtype)), where,
             _position(i, A.shape[:-2], head_axis), bad.numel(), flat.shape[0])) from None
-    if inverse:
-        L, W = L
-        return L * (1.0 / s).unsqueeze(-1).to(L.dtype), W * s.unsqueeze(-2).to(W.dtype)
-    return L * (1.0 / s).unsqueeze(-1).to(L.dtype)
+    L, W = out if inverse else (out, None)
+    L = L * (1.0 / s).unsqueeze(-1).to(L.dtype)
+    return (L, W * s.unsqueeze(-2).to(W.dtype)) if inverse else L

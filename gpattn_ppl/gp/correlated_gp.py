@@ -28,26 +28,35 @@ _LOG_2PI = math.log(2.0 * math.pi)
 
 
 
-def _masks(mask: torch.Tensor | None, dtype: torch.dtype):
-    """``(pad_eye, n_b)``: ``[B, 1, N, N]`` identity on padded positions, ``[B, 1]`` real-token
-    counts (``0, None`` without a mask)."""
-    if mask is None:
-        return 0.0, None
-    m = mask.to(dtype)
-    return torch.diag_embed(1.0 - m)[:, None], m.sum(-1, keepdim=True)
-
-
 class KernelTerms:
-    """Base of the per-call term objects: the kernel matrices of a call, masked.
+    """Base of the per-call term objects: the inputs of a call in the GP dtype, the output
+    scales, the noise, the masks, and the kernel matrices of the call, masked.
 
-    Subclasses set ``kernel``, ``where`` and ``real`` -- ``None`` or the ``[B, 1, N]`` bool
-    mask of real tokens (broadcast over heads) that zeroes the padded rows (and, for
-    token-by-token matrices, columns) of every kernel matrix.
+    ``real`` is ``None`` or the ``[B, 1, N]`` bool mask of real tokens (broadcast over heads)
+    that zeroes the padded rows (and, for token-by-token matrices, columns) of every kernel
+    matrix; ``n_b`` ``[B, 1]`` counts the real tokens.
     """
 
-    kernel: CanonicalSEKernel
-    where: str
-    real: torch.Tensor | None
+    def __init__(self, q, k, x_o, *, scale_q, scale_k, noise: float, mask=None, where: str = "",
+                 kernel: CanonicalSEKernel | None = None) -> None:
+        dtype = settings.gp_dtype.resolve(q.dtype)
+        self.q, self.k, self.x_o = q.to(dtype), k.to(dtype), x_o.to(dtype)
+        self.dtype, self.device = dtype, q.device
+        self.sq = scale_q.to(dtype).view(-1, 1, 1)
+        self.sk = scale_k.to(dtype).view(-1, 1, 1)
+        self.log_sq, self.log_sk = self.sq.log(), self.sk.log()
+        self.noise_var = float(noise) ** 2
+        self.mask, self.where = mask, where or type(self).__name__
+        self.kernel = kernel if kernel is not None else CanonicalSEKernel()
+        self.real = None if mask is None else mask[:, None, :]
+        self.n_b = (torch.full((q.shape[0], 1), float(q.shape[-2]), dtype=dtype, device=q.device)
+                    if mask is None else mask.to(dtype).sum(-1, keepdim=True))
+
+    @property
+    def model_jitter(self) -> float:
+        r"""The :class:`~gpattn_ppl.settings.cholesky_jitter` value, for matrices that carry it
+        as part of the model (as gpytorch adds jitter to every :math:`K_{uu}`)."""
+        return settings.cholesky_jitter.value(self.dtype)
 
     def _k(self, a, b, log_scale=None, *, tokens_b: bool = True):
         r""":math:`s\,\kappa_o(a, b)` (``log_scale`` = log s or ``None``) with pad rows zeroed,
@@ -87,21 +96,12 @@ class CGPTerms(KernelTerms):
 
     def __init__(self, q, k, x_o, *, scale_q, scale_k, noise: float, mask=None, where: str = "",
                  kernel: CanonicalSEKernel | None = None) -> None:
-        dtype = settings.gp_dtype.resolve(q.dtype)
-        self.q, self.k, self.x_o = q.to(dtype), k.to(dtype), x_o.to(dtype)
-        self.dtype, self.device = dtype, q.device
-        self.sq = scale_q.to(dtype).view(-1, 1, 1)
-        self.sk = scale_k.to(dtype).view(-1, 1, 1)
-        self.log_sq, self.log_sk = self.sq.log(), self.sk.log()
-        self.noise_var = float(noise) ** 2
-        self.mask, self.where = mask, where or type(self).__name__
-        self.kernel = kernel if kernel is not None else CanonicalSEKernel()
-        self.pad_eye, self.n_b = _masks(mask, dtype)
-        self.real = None if mask is None else mask[:, None, :]
-        N = q.shape[-2]
-        self.eye = torch.eye(N, dtype=dtype, device=q.device)
-        if self.n_b is None:
-            self.n_b = torch.full((q.shape[0], 1), float(N), dtype=dtype, device=q.device)
+        super().__init__(q, k, x_o, scale_q=scale_q, scale_k=scale_k, noise=noise, mask=mask,
+                         where=where, kernel=kernel)
+        #: ``[B, 1, N, N]`` identity on the padded positions (0 without a mask)
+        self.pad_eye = (0.0 if mask is None
+                        else torch.diag_embed(1.0 - mask.to(self.dtype))[:, None])
+        self.eye = torch.eye(q.shape[-2], dtype=self.dtype, device=q.device)
 
     # -- kernels ----------------------------------------------------------------------------
     def _chol(self, A, name: str, *, pad: bool = True, posterior: bool = False):
@@ -115,11 +115,6 @@ class CGPTerms(KernelTerms):
         return linalg.cholesky(A + self.pad_eye if pad and self.mask is not None else A,
                                where=f"{self.where} {name}",
                                head_axis=1, jitter=self.model_jitter if posterior else None)
-
-    @property
-    def model_jitter(self) -> float:
-        """The jitter of computed covariances (see ``_chol``)."""
-        return settings.cholesky_jitter.value(self.dtype)
 
     def _factors(self, A, name: str, *, pad: bool = True):
         """``(L, L^{-1})`` of ``A`` plus the pad identity, as ``_chol``

@@ -19,7 +19,7 @@ import gpytorch
 import torch
 from torch import nn
 
-from .. import linalg, settings
+from .. import linalg
 from ..distributions.token_normal import TokenNormal
 from ..kernels.canonical_se import TARGET_SQ_DIST, CanonicalSEKernel
 from .correlated_gp import KernelTerms
@@ -47,39 +47,25 @@ class SCGPTerms(KernelTerms):
     def __init__(self, q, k, x_o, s_m, s_l, *, scale_q, scale_k, noise: float, mask=None,
                  where: str = "", kernel: CanonicalSEKernel | None = None,
                  k_o: str = "exact") -> None:
-        dtype = settings.gp_dtype.resolve(q.dtype)
-        self.q, self.k, self.x_o = q.to(dtype), k.to(dtype), x_o.to(dtype)
-        self.s_m, self.s_l = s_m.to(dtype), s_l.to(dtype)
-        self.dtype, self.device = dtype, q.device
-        self.sq = scale_q.to(dtype).view(-1, 1, 1)
-        self.sk = scale_k.to(dtype).view(-1, 1, 1)
-        self.log_sq, self.log_sk = self.sq.log(), self.sk.log()
-        self.noise_var = float(noise) ** 2
-        self.mask, self.where, self.k_o = mask, where or type(self).__name__, k_o
-        self.kernel = kernel if kernel is not None else CanonicalSEKernel()
-        N = q.shape[-2]
-        if mask is None:
-            self.row = None
-            self.n_b = torch.full((q.shape[0], 1), float(N), dtype=dtype, device=q.device)
-        else:
-            m = mask.to(dtype)
-            self.row = m[:, None, :, None]
-            self.n_b = m.sum(-1, keepdim=True)
-        self.real = None if mask is None else mask[:, None, :]
+        super().__init__(q, k, x_o, scale_q=scale_q, scale_k=scale_k, noise=noise, mask=mask,
+                         where=where, kernel=kernel)
+        self.s_m, self.s_l, self.k_o = s_m.to(self.dtype), s_l.to(self.dtype), k_o
+        #: ``[B, 1, N, 1]`` 0/1 factor of the real token rows (``None`` without a mask)
+        self.row = None if mask is None else mask.to(self.dtype)[:, None, :, None]
 
     def _chol(self, A, name: str):
         r"""Factor of an inducing-space matrix (lower triangle read) with the model jitter
         :math:`\epsilon I` of :class:`~gpattn_ppl.settings.cholesky_jitter` (as gpytorch adds
         to every :math:`K_{uu}`: inducing inputs may coincide), escalated where it fails."""
         return linalg.cholesky(A, where=f"{self.where} {name}", head_axis=1,
-                               jitter=settings.cholesky_jitter.value(self.dtype))
+                               jitter=self.model_jitter)
 
     def _factors(self, A, name: str):
         """``(L, L^{-1})`` of an inducing-space matrix, with the jitter of ``_chol``: every
         later solve is a product with the inverse factor (cheap at m x m, and so is its
         backward)."""
         return linalg.cholesky_factors(A, where=f"{self.where} {name}", head_axis=1,
-                                       jitter=settings.cholesky_jitter.value(self.dtype))
+                                       jitter=self.model_jitter)
 
     # -- kernels ----------------------------------------------------------------------------
     @cached_property
@@ -168,7 +154,7 @@ class SCGPTerms(KernelTerms):
             return self._factors(B_m, "B_m"), self._factors(B_l, "B_l")
         L, W = linalg.cholesky_factors(torch.stack([B_m, B_l]),
                                        where=f"{self.where} B_m (0) / B_l (1)", head_axis=2,
-                                       jitter=settings.cholesky_jitter.value(self.dtype))
+                                       jitter=self.model_jitter)
         return (L[0], W[0]), (L[1], W[1])
 
     @property

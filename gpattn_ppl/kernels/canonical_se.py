@@ -87,9 +87,7 @@ class CanonicalSEKernel(Kernel):
         if cols is not None:
             b = b.masked_fill(~cols.unsqueeze(-2), float("-inf"))
         expo = torch.matmul(x1, x2.transpose(-1, -2)).add_(a).add_(b)
-        top = 0.0 if log_scale is None else log_scale
-        return torch.exp(torch.clamp(expo, max=top) if torch.is_tensor(top)
-                         else expo.clamp_max(top))
+        return torch.exp(torch.clamp(expo, max=0.0 if log_scale is None else log_scale))
 
     def forward(self, x1: torch.Tensor, x2: torch.Tensor, diag: bool = False,
                 last_dim_is_batch: bool = False, **params) -> torch.Tensor:
