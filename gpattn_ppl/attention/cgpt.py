@@ -139,21 +139,22 @@ class CGPTAttention(_CorrelatedAttention):
     bound summed over heads and columns (eq. 44), weighted by :math:`\alpha` from
     ``train.objective.cgp_alpha`` (paper: linear 0 → 1, or 0.7). It is not computed in eval mode.
 
-    :param noise: σ of eqs. 19-20 (standard deviation; σ² enters). Default 0.01 (σ² = 1e-4, the
-        nearly noise-free GP of the paper's eq. 22).
+    :param noise: σ of eqs. 19-20 (standard deviation; σ² enters). Default 0.5, the paper's
+        CoLA value; 0.01 is the nearly noise-free GP of the paper's eq. 22.
     :param per_head_scales: one (σ_q, σ_k) per head instead of one shared pair [ref].
     :param latent: ``"free"`` (own ``W_o``) or ``"key_offset"`` (``W_o = W_k + Δ``, Δ = 0 at
         init: starts as asymmetric kernel attention, for warm starts).
     :param cgp_loss: ``"jensen"`` (paper, closed form), ``"marginal"`` (the exact log marginal,
         tighter), ``"mc"`` (the paper's MC estimator with ``cgp_samples`` draws) or ``"none"``.
     :param cgp_samples: Monte-Carlo draws of :math:`z_o` for ``cgp_loss="mc"``.
-    :param cgp_reduction: ``"sum"`` (paper: summed over heads, columns and tokens) or ``"mean"``
-        (averaged per entry; see ``docs/derivations/cgpt.rst``, "Scale and boundedness").
+    :param cgp_reduction: ``"mean"`` (default: averaged per entry) or ``"sum"`` (paper: summed
+        over heads, columns and tokens; see ``docs/derivations/cgpt.rst``, "Scale and
+        boundedness", and "Default recipe" for what each does on CoLA).
     :param cgp_observation_noise: if true, the regulariser scores :math:`\nu` and :math:`Z` as
         observations with the model's noise, :math:`\Sigma_q + \sigma^2I` and
-        :math:`\Sigma_k + \sigma^2I` (as SCGPT's bound does). The paper's bound (false) is
-        unbounded above: :math:`\log|\Sigma_q| \to -\infty` as the latent inputs approach the
-        queries; with the noise each head and column is bounded by
+        :math:`\Sigma_k + \sigma^2I` (as SCGPT's bound does; the default). The paper's bound
+        (false) is unbounded above: :math:`\log|\Sigma_q| \to -\infty` as the latent inputs
+        approach the queries; with the noise each head and column is bounded by
         :math:`-\tfrac{n_b}{2}\log(2\pi\sigma^2)` per side.
     :param proj_dropout: dropout after :math:`W_O`. CGPT has no attention weights to drop, so
         it takes no ``attn_dropout``.
@@ -165,11 +166,11 @@ class CGPTAttention(_CorrelatedAttention):
     torch.Size([3, 5, 8])
     """
 
-    def __init__(self, dim: int, heads: int, *, noise: float = 1e-2, per_head_scales: bool = False,
+    def __init__(self, dim: int, heads: int, *, noise: float = 0.5, per_head_scales: bool = False,
                  latent: Literal["free", "key_offset"] = "free",
                  cgp_loss: Literal["jensen", "marginal", "mc", "none"] = "jensen",
                  cgp_samples: int = 1,
-                 cgp_reduction: Literal["sum", "mean"] = "sum", cgp_observation_noise: bool = False,
+                 cgp_reduction: Literal["sum", "mean"] = "mean", cgp_observation_noise: bool = True,
                  proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, proj_dropout=proj_dropout)
         if cgp_loss not in CorrelatedGP.LOSSES:

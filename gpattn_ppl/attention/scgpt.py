@@ -40,14 +40,14 @@ class SCGPTAttention(_CorrelatedAttention):
 
     :param num_inducing: m (paper: 16 on CIFAR; [ref]: 5 on CoLA).
     :param num_inducing_keys: l (default m).
-    :param noise: the DTC noise σ (paper: 0.1 on images, 0.5 on CoLA).
+    :param noise: the DTC noise σ; default 0.5 (paper: 0.1 on images, 0.5 on CoLA).
     :param per_head_scales: one (σ_q, σ_k) per head instead of one shared pair.
     :param latent: ``"free"`` or ``"key_offset"`` (see
         :class:`~gpattn_ppl.attention.CGPTAttention`).
     :param k_o: ``"exact"`` (regulariser's K_o term O(N² m)) or ``"nystrom"`` (all O(N κ²)).
     :param inducing_init: ``"data"`` or ``"random"``.
     :param cgp_loss: ``"jensen"`` (App. E bound, closed form) or ``"none"``.
-    :param cgp_reduction: ``"sum"`` (paper) or ``"mean"`` (per entry), as for
+    :param cgp_reduction: ``"mean"`` (default: per entry) or ``"sum"`` (paper), as for
         :class:`~gpattn_ppl.attention.CGPTAttention`.
     :param proj_dropout: dropout after :math:`W_O`. SCGPT has no attention weights to drop, so
         it takes no ``attn_dropout``.
@@ -63,12 +63,12 @@ class SCGPTAttention(_CorrelatedAttention):
     LOSSES = ("jensen", "none")
 
     def __init__(self, dim: int, heads: int, *, num_inducing: int = 16,
-                 num_inducing_keys: int | None = None, noise: float = 0.1,
+                 num_inducing_keys: int | None = None, noise: float = 0.5,
                  per_head_scales: bool = False, latent: Literal["free", "key_offset"] = "free",
                  k_o: Literal["exact", "nystrom"] = "exact",
                  inducing_init: Literal["data", "random"] = "data",
                  cgp_loss: Literal["jensen", "none"] = "jensen",
-                 cgp_reduction: Literal["sum", "mean"] = "sum", proj_dropout: float = 0.0) -> None:
+                 cgp_reduction: Literal["sum", "mean"] = "mean", proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, proj_dropout=proj_dropout)
         if cgp_loss not in self.LOSSES:
             raise ValueError(f"cgp_loss must be one of {', '.join(self.LOSSES)}, got {cgp_loss!r}")

@@ -18,16 +18,27 @@ from .schedules import Schedule, build_schedule
 __all__ = ["OBJECTIVE_WEIGHTS", "register_objective_term", "validate_objective",
            "objective_schedules"]
 
-#: term name -> (config key of its weight, default weight)
-OBJECTIVE_WEIGHTS: dict[str, tuple[str, float]] = {
-    "kl": ("kl_weight", 1.0),
+#: the library's default KL schedule: a warm-up, linear 0 -> 1 over the first half of the run
+#: (Bowman et al. 2016; Sønderby et al. 2016). Not the papers' CoLA recipe (a constant 1), with
+#: which SGPA's local KL pulls q(u) onto the prior; ``{kl_weight: 1.0}`` restores it.
+KL_WARMUP: dict = {"kind": "linear", "start": 0.0, "end": 1.0, "fraction": 0.5}
+
+#: the library's default CGP-regulariser schedule: α linear 0 -> ALPHA_END over the whole run
+#: (the ramp of CGPT §5.1, to a smaller end value; see ``docs/derivations/cgpt.rst``).
+CGP_ALPHA_RAMP: dict = {"kind": "linear", "start": 0.0, "end": 1.0}
+
+#: term name -> (config key of its weight, default weight schedule)
+OBJECTIVE_WEIGHTS: dict[str, tuple[str, float | dict]] = {
+    "kl": ("kl_weight", KL_WARMUP),
     "ksvd_loss": ("ksvd_weight", 1.0),
-    "cgp_loss": ("cgp_alpha", 1.0),
+    "cgp_loss": ("cgp_alpha", CGP_ALPHA_RAMP),
 }
 
 
-def register_objective_term(term: str, key: str, default: float = 1.0) -> None:
-    """Declare a new named term (e.g. a unit's regulariser) and the config key of its weight."""
+def register_objective_term(term: str, key: str, default: float | dict = 1.0) -> None:
+    """Declare a new named term (e.g. a unit's regulariser), the config key of its weight and
+    the weight's default schedule (a number or a :func:`~gpattn_ppl.ppl.build_schedule` spec)."""
+    build_schedule(default, where=key)
     OBJECTIVE_WEIGHTS[term] = (key, default)
 
 

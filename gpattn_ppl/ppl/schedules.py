@@ -4,9 +4,11 @@ A schedule is specified as a number (constant) or a mapping:
 
 * ``{kind: constant, value: v}``
 * ``{kind: linear, start: a, end: b, epochs: E}`` -- linear ramp from ``a`` at epoch 0 to ``b`` at
-  epoch ``E`` (then constant ``b``); ``epochs`` defaults to the whole run;
+  epoch ``E`` (then constant ``b``); ``epochs`` defaults to the whole run, and ``fraction: f``
+  (instead of ``epochs``) ends the ramp at ``f`` times the run's length (``0 < f <= 1``);
 * ``{kind: switch, value: v, after: E, before: 0.0}`` -- ``before`` until epoch ``E``, then ``v``;
-* ``{kind: exponential, start: a, end: b, epochs: E}`` -- geometric interpolation (annealing).
+* ``{kind: exponential, start: a, end: b, epochs: E}`` -- geometric interpolation (annealing);
+  ``fraction`` as for ``linear``.
 
 Epochs are fractional (``t = epoch + step / steps_per_epoch``). There is one clock: the Pyro
 program's (:meth:`gpattn_ppl.infer.PyroProgram.set_epoch`, called once per optimiser step by the
@@ -35,13 +37,16 @@ class Schedule:
     end: float = 1.0
     epochs: float | None = None
     after: float = 0.0
+    fraction: float | None = None
 
     def __call__(self, t: float, total_epochs: float | None = None) -> float:
         if self.kind == "constant":
             return self.start
         if self.kind == "switch":
             return self.end if t >= self.after else self.start
-        span = self.epochs if self.epochs is not None else total_epochs
+        span = self.epochs
+        if span is None and total_epochs is not None:
+            span = total_epochs * (1.0 if self.fraction is None else self.fraction)
         frac = 1.0 if not span else min(max(t / span, 0.0), 1.0)
         if self.kind == "linear":
             return self.start + (self.end - self.start) * frac
@@ -49,8 +54,9 @@ class Schedule:
         return self.start * (self.end / self.start) ** frac
 
 
-_KEYS = {"constant": {"value"}, "linear": {"start", "end", "epochs"},
-         "switch": {"value", "after", "before"}, "exponential": {"start", "end", "epochs"}}
+_KEYS = {"constant": {"value"}, "linear": {"start", "end", "epochs", "fraction"},
+         "switch": {"value", "after", "before"},
+         "exponential": {"start", "end", "epochs", "fraction"}}
 
 
 def build_schedule(spec, where: str = "schedule") -> Schedule:
@@ -75,8 +81,14 @@ def build_schedule(spec, where: str = "schedule") -> Schedule:
         if kind == "switch":
             return Schedule("switch", float(spec.get("before", 0.0)), float(spec["value"]),
                             after=float(spec["after"]))
+        if spec.get("epochs") is not None and spec.get("fraction") is not None:
+            raise ValueError(f"{where}: give the ramp's length as epochs or as fraction, not both")
+        fraction = None if spec.get("fraction") is None else float(spec["fraction"])
+        if fraction is not None and not 0.0 < fraction <= 1.0:
+            raise ValueError(f"{where}.fraction: must be in (0, 1], got {fraction}")
         sched = Schedule(kind, float(spec["start"]), float(spec["end"]),
-                         None if spec.get("epochs") is None else float(spec["epochs"]))
+                         None if spec.get("epochs") is None else float(spec["epochs"]),
+                         fraction=fraction)
     except KeyError as err:
         raise ValueError(f"{where}: missing key {err.args[0]!r} for a {kind} schedule") from None
     if kind == "exponential" and (sched.start <= 0 or sched.end <= 0):

@@ -239,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output folder: <method>/seed<k> run folders and the tables (default: "
                    "compare_out)")
     c.add_argument("--ensemble", type=int, default=0, metavar="K",
-                   help="also report the deep ensemble of the first K seeds, e.g. --ensemble 3")
+                   help="also report deep ensembles of K members, one per block of K seeds "
+                        "(mean ± std over blocks), e.g. --ensemble 3 --seeds 0 1 2 3 4 5 6 7 8")
     c.add_argument("--force", action="store_true", help="retrain run folders in --out that "
                    "hold a different config (default: refuse)")
     c.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -5,14 +5,18 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+import warnings
 from pathlib import Path
 
 import torch
 
-__all__ = ["TABLE_COLUMNS", "run_compare", "summarise", "format_markdown", "write_table",
+__all__ = ["TABLE_COLUMNS", "BEST_DETECTOR", "significantly_better", "run_compare", "summarise",
+           "format_markdown", "write_table",
            "ensemble_results"]
 
-#: (column title, path into results.json, number format)
+#: (column title, path into results.json, number format); the path ``None`` marks the computed
+#: column ``OOD AUROC (best)``: the AUROC of the detector with the best mean over a method's runs,
+#: named in the cell.
 TABLE_COLUMNS: list[tuple[str, tuple, str]] = [
     ("MCC ID", ("test", "mcc"), "{:.3f}"),
     ("MCC OOD", ("ood", "*", "classification", "mcc"), "{:.3f}"),
@@ -22,11 +26,16 @@ TABLE_COLUMNS: list[tuple[str, tuple, str]] = [
     ("MCE", ("test", "mce"), "{:.3f}"),
     ("Brier", ("test", "brier"), "{:.3f}"),
     ("AURC", ("test", "aurc"), "{:.3f}"),
+    ("MI", ("test", "mutual_info"), "{:.1e}"),
     ("OOD AUROC (MSP)", ("ood", "*", "detection", "max_softmax", "auroc"), "{:.3f}"),
+    ("OOD AUROC (best)", None, "{:.3f}"),
     ("s/epoch", ("cost", "sec_per_epoch"), "{:.2f}"),
     ("peak MB", ("cost", "peak_mem_mb"), "{:.0f}"),
     ("params", ("cost", "params"), "{:.0f}"),
 ]
+
+
+BEST_DETECTOR = "OOD AUROC (best)"
 
 
 def _get(results: dict, path: tuple):
@@ -58,18 +67,79 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
     rows = []
     for method, results in with_ts.items():
         row = {"method": method, "runs": len(results)}
+        row["values"] = {}
         for title, path, _ in TABLE_COLUMNS:
-            vals = [v for v in (_get(r, path) for r in results) if v is not None]
-            row[title] = (statistics.fmean(vals) if vals else None,
-                          statistics.stdev(vals) if len(vals) > 1 else None)
+            if path is not None:
+                vals = [v for v in (_get(r, path) for r in results) if v is not None]
+                row[title], row["values"][title] = _mean_std(vals), vals
+        (row[BEST_DETECTOR], row["best detector"],
+         row["values"][BEST_DETECTOR]) = _best_detector(results)
         rows.append(row)
     return rows
 
 
-def format_markdown(rows: list[dict]) -> str:
-    """A Markdown table ``mean ± std`` (std omitted for single runs)."""
+def _mean_std(vals: list[float]) -> tuple[float | None, float | None]:
+    return (statistics.fmean(vals) if vals else None,
+            statistics.stdev(vals) if len(vals) > 1 else None)
+
+
+def _best_detector(results: list[dict]) -> tuple[tuple, str | None, list[float]]:
+    """The OOD detector with the highest mean AUROC over the runs (first OOD set): its
+    (mean, std), name and per-run values; detectors missing from any run are not candidates."""
+    per: dict[str, list[float]] = {}
+    for r in results:
+        for name, det in (_get_dict(r, ("ood", "*", "detection")) or {}).items():
+            if isinstance(det, dict) and isinstance(det.get("auroc"), (int, float)):
+                per.setdefault(name, []).append(det["auroc"])
+    per = {k: v for k, v in per.items() if len(v) == len(results)}
+    if not per:
+        return (None, None), None, []
+    best = max(per, key=lambda k: statistics.fmean(per[k]))
+    return _mean_std(per[best]), best, per[best]
+
+
+def _get_dict(results: dict, path: tuple):
+    node = results
+    for key in path:
+        if not isinstance(node, dict) or not node:
+            return None
+        node = next(iter(node.values())) if key == "*" else node.get(key)
+    return node if isinstance(node, dict) else None
+
+
+#: table columns where a larger value is better (the others with a direction: smaller is better)
+HIGHER_IS_BETTER = ("MCC ID", "MCC OOD", "Acc ID", "OOD AUROC (MSP)", BEST_DETECTOR)
+LOWER_IS_BETTER = ("NLL", "ECE", "MCE", "Brier", "AURC")
+
+
+def significantly_better(values: list[float], reference: list[float], title: str,
+                         level: float = 0.05) -> bool:
+    """Whether ``values`` (one per seed) are better than ``reference`` in column ``title`` by
+    Welch's one-sided t-test at ``level`` (unequal variances; needs two runs on each side)."""
+    if title not in HIGHER_IS_BETTER + LOWER_IS_BETTER or len(values) < 2 or len(reference) < 2:
+        return False
+    from scipy.stats import ttest_ind
+
+    side = "greater" if title in HIGHER_IS_BETTER else "less"
+    if statistics.pvariance(values) == 0 and statistics.pvariance(reference) == 0:
+        diff = statistics.fmean(values) - statistics.fmean(reference)
+        return diff > 0 if side == "greater" else diff < 0
+    with warnings.catch_warnings():   # scipy warns when one side's runs are (nearly) equal
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = ttest_ind(values, reference, equal_var=False, alternative=side).pvalue
+    return bool(p < level)
+
+
+def format_markdown(rows: list[dict], reference: str | None = "softmax + TS") -> str:
+    """A Markdown table ``mean ± std`` (std omitted for single runs).
+
+    :param reference: a row's method name (default ``"softmax + TS"``, the strongest simple
+        baseline; ignored when no row has it): cells of other rows that are significantly better
+        than it (:func:`significantly_better`) are set in bold.
+    """
     titles = [t for t, _, _ in TABLE_COLUMNS if any(r[t][0] is not None for r in rows)]
     fmt = {t: f for t, _, f in TABLE_COLUMNS}
+    ref = next((r for r in rows if r["method"] == reference), None)
     lines = ["| method | runs | " + " | ".join(titles) + " |",
              "|---|---|" + "---|" * len(titles)]
     for r in rows:
@@ -78,8 +148,14 @@ def format_markdown(rows: list[dict]) -> str:
             mean, std = r[t]
             if mean is None:
                 cells.append("–")
-            else:
-                cells.append(fmt[t].format(mean) + ("" if std is None else " ± " + fmt[t].format(std)))
+                continue
+            cell = fmt[t].format(mean) + ("" if std is None else " ± " + fmt[t].format(std))
+            if t == BEST_DETECTOR and r.get("best detector"):
+                cell += f" ({r['best detector']})"
+            if ref is not None and r is not ref and significantly_better(
+                    r["values"].get(t, []), ref["values"].get(t, []), t):
+                cell = f"**{cell}**"
+            cells.append(cell)
         lines.append(f"| {r['method']} | {r['runs']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -94,9 +170,11 @@ def write_table(rows: list[dict], out_dir: str | Path) -> tuple[Path, Path]:
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         titles = [t for t, _, _ in TABLE_COLUMNS]
-        w.writerow(["method", "runs"] + [f"{t} {s}" for t in titles for s in ("mean", "std")])
+        w.writerow(["method", "runs"] + [f"{t} {s}" for t in titles for s in ("mean", "std")]
+                   + ["best detector"])
         for r in rows:
-            w.writerow([r["method"], r["runs"]] + [v for t in titles for v in r[t]])
+            w.writerow([r["method"], r["runs"]] + [v for t in titles for v in r[t]]
+                       + [r.get("best detector")])
     return md, path
 
 
@@ -138,7 +216,10 @@ def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str
     finished (``results.json`` present) and resumed when interrupted; a run with a different
     config is refused, naming the keys, unless ``force`` (then it is trained afresh).
 
-    :param ensemble: also report the deep ensemble of the first ``ensemble`` seeds per method.
+    :param ensemble: also report deep ensembles of ``ensemble`` members per method: one per
+        disjoint block of consecutive seeds (seeds 0-8 with ``ensemble=3`` give three ensembles,
+        tabulated as mean ± std; fewer than ``2 * ensemble`` seeds give one). Their cost is the
+        members' summed seconds per epoch and parameters.
     :param force: retrain run folders that hold a different config instead of refusing.
     :param plots: also draw the plots of the first seed of every method into ``out_dir/plots``
         (:func:`~gpattn_ppl.run.plotting.plot_runs`).
@@ -173,9 +254,16 @@ def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str
                           force=action == "fresh", label=f"{method}/seed{seed}").fit()
             runs[method].append(res)
         if ensemble and len(dirs) >= ensemble:
-            ens = ensemble_results(dirs[:ensemble], cfg)  # the seeds share the eval section
-            ens["cost"] = {"params": runs[method][0]["cost"]["params"] * ensemble}
-            runs[f"{method} (ensemble of {ensemble})"] = [ens]
+            members = runs[method]
+            groups = []
+            for g in range(len(dirs) // ensemble):  # disjoint blocks of consecutive seeds
+                block = slice(g * ensemble, (g + 1) * ensemble)
+                ens = ensemble_results(dirs[block], cfg)  # the seeds share the eval section
+                ens["cost"] = {"params": members[0]["cost"]["params"] * ensemble,
+                               "sec_per_epoch": sum(r["cost"]["sec_per_epoch"]
+                                                    for r in members[block])}
+                groups.append(ens)
+            runs[f"{method} (ensemble of {ensemble})"] = groups
     rows = summarise(runs)
     write_table(rows, out_dir)
     if plots:

@@ -281,7 +281,8 @@ def test_cli_divergence_at_a_huge_lr_is_one_line_with_epoch_step_and_term(
         kind, term, tiny_yaml, tmp_path, capsys):
     """Was: Pyro's NaN tensor dump, no epoch or step."""
     code = main(["train", str(tiny_yaml), "--out", str(tmp_path / "run"), "--set",
-                 f"model.attention.kind={kind}", "train.lr=100"])
+                 f"model.attention.kind={kind}", "train.lr=100",
+                 "train.objective={kl_weight: 1.0}"])   # the papers' weight from step 1
     line = cli_error(capsys, code)
     tried("numerics")
     assert "training diverged in epoch 1, step 2" in line
@@ -313,8 +314,10 @@ def test_cgpt_summed_bound_warns_once_per_run_naming_cgp_reduction(tmp_path):
     """The paper's summed CGP bound on tiny CoLA: ~3500x the cross-entropy from epoch 1 (the
     collapse to a loss of -99 comes later; :func:`objective_checks` covers that floor)."""
     cfg = copy.deepcopy(TINY)
-    cfg["model"]["attention"] = {"kind": "cgpt", "cgp_reduction": "sum"}
+    cfg["model"]["attention"] = {"kind": "cgpt", "cgp_reduction": "sum",
+                                 "cgp_observation_noise": False}
     cfg["train"]["epochs"] = 3
+    cfg["train"]["objective"] = {"cgp_alpha": 1.0}     # the reference's CoLA weight
     with pytest.warns(NumericsWarning) as caught:
         res = Trainer(cfg, tmp_path / "run").fit()
     about = [str(w.message) for w in caught if "cgp_reduction" in str(w.message)]
@@ -330,7 +333,7 @@ def test_run_logs_and_summarises_the_escalations(tmp_path):
     """SCGPT (σ = 0.1, 16 inducing inputs for sentences of ~10 tokens) escalates its jitter: the
     history counts them per epoch, results.json sums them (with the evaluation's) and warns."""
     cfg = copy.deepcopy(TINY)
-    cfg["model"]["attention"] = {"kind": "scgpt", "cgp_reduction": "mean"}
+    cfg["model"]["attention"] = {"kind": "scgpt", "noise": 0.1}
     with pytest.warns(NumericsWarning) as caught:
         res = Trainer(cfg, tmp_path / "run").fit()
     assert any("Cholesky jitter escalated" in str(w.message) for w in caught)

@@ -190,3 +190,33 @@ def test_linear_schedule_defaults_to_the_whole_run():
     assert prog.epoch == 1.0
     assert prog.weight("blocks.0.attn.kl") == pytest.approx(0.25)
     assert prog.weight("blocks.0.attn.kl_global") == pytest.approx(0.25)
+
+
+def test_fraction_schedules_end_at_a_share_of_the_run():
+    sched = build_schedule({"kind": "linear", "start": 0.0, "end": 1.0, "fraction": 0.5})
+    assert sched(1.0, total_epochs=8) == pytest.approx(0.25)
+    assert sched(4.0, total_epochs=8) == pytest.approx(1.0)
+    assert sched(7.0, total_epochs=8) == pytest.approx(1.0)
+    assert sched(1.0) == pytest.approx(1.0)          # no run length: the end value
+    with pytest.raises(ValueError, match="not both"):
+        build_schedule({"kind": "linear", "start": 0, "end": 1, "epochs": 3, "fraction": 0.5})
+    with pytest.raises(ValueError, match=r"fraction: must be in \(0, 1\]"):
+        build_schedule({"kind": "linear", "start": 0, "end": 1, "fraction": 1.5})
+
+
+def test_default_recipe_warms_up_the_kl_and_ramps_the_cgp_weight():
+    """Without a train.objective entry the KL weight rises 0 -> 1 over the first half of the
+    run and CGPT's alpha 0 -> 1 over the whole run; explicit weights (the papers' recipes)
+    replace them."""
+    prog = PyroProgram(_model(), 10, total_epochs=10)
+    assert prog.weight("blocks.0.attn.kl") == pytest.approx(0.0)
+    assert prog.weight("blocks.0.attn.cgp_loss") == pytest.approx(0.0)
+    prog.set_epoch(2.5)
+    assert prog.weight("blocks.0.attn.kl") == pytest.approx(0.5)
+    assert prog.weight("blocks.0.attn.cgp_loss") == pytest.approx(0.25)
+    prog.set_epoch(6.0)
+    assert prog.weight("blocks.0.attn.kl") == pytest.approx(1.0)
+    assert prog.weight("blocks.0.attn.ksvd_loss") == pytest.approx(1.0)
+    paper = PyroProgram(_model(), 10, objective={"kl_weight": 1.0, "cgp_alpha": 1.0},
+                        total_epochs=10)
+    assert paper.weight("blocks.0.attn.kl") == paper.weight("blocks.0.attn.cgp_loss") == 1.0

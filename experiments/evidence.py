@@ -1,0 +1,118 @@
+"""The evidence table of issue 13: every unit with its default recipe beside the baselines.
+
+Rows: ``softmax``, ``softmax + TS`` (temperature scaled on the validation split), ``mc_dropout``,
+``deep ensemble (K)`` (K softmax members; one ensemble per block of K seeds, so 3 seeds of
+ensembles train 3 K softmax runs) and every GP / stochastic unit; columns as ``gpattn-ppl compare``
+(``gpattn_ppl.run.compare.TABLE_COLUMNS``), mean ± sample std over seeds. Cells significantly
+better than ``softmax + TS`` (Welch's one-sided t-test over seeds, p < 0.05) are bold.
+
+Finished runs in ``--out`` are reused and interrupted ones resumed (as ``compare`` does), so the
+command can be re-run after an interruption.
+
+Usage::
+
+    python experiments/evidence.py cola --out runs/evidence_cola
+    python experiments/evidence.py cola_minilm --out runs/evidence_cola_minilm
+    python experiments/evidence.py cola --out /tmp/ev --seeds 0 --ensemble 0 --set train.epochs=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gpattn_ppl.run.compare import (
+    ensemble_results,
+    format_markdown,
+    run_compare,
+    summarise,
+    write_table,
+)
+from gpattn_ppl.run.config import load_config
+
+ROOT = Path(__file__).resolve().parent
+COLA = ROOT / "configs" / "cola"
+
+#: task -> (method -> config file), the settings every run of the task gets, and a description
+TASKS: dict[str, dict] = {
+    "cola": {
+        "methods": {"softmax": COLA / "softmax.yaml", "mc_dropout": COLA / "mc_dropout.yaml",
+                    "kernel_asym": COLA / "kernel_asym.yaml",
+                    "kernel_sym": COLA / "kernel_sym.yaml", "sgpa": COLA / "sgpa.yaml",
+                    "kep_svgp": COLA / "kep_svgp.yaml", "cgpt": COLA / "cgpt.yaml",
+                    "scgpt": COLA / "scgpt.yaml", "sto_trans": COLA / "sto_trans.yaml",
+                    "h_sto_trans": COLA / "h_sto_trans.yaml"},
+        "settings": ["train.epochs=15", "train.warmup_epochs=2"],
+        "about": "CoLA official protocol, learned word embeddings, 15 epochs (2 warm-up)",
+    },
+    "cola_minilm": {
+        "methods": None,  # the cola methods
+        "settings": ["data.encoder=minilm", "data.cache_dir=runs/cache", "model.dim=64",
+                     "model.mlp_dim=128", "train.epochs=8", "train.warmup_epochs=1",
+                     "train.lr=1e-3"],
+        "about": "CoLA official protocol, frozen all-MiniLM-L6-v2 token features (text extra), "
+                 "C = 64, MLP 128, Adam 1e-3, 8 epochs (1 warm-up)",
+    },
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("task", choices=sorted(TASKS))
+    p.add_argument("--out", required=True, help="output folder (run folders and the table)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--ensemble", type=int, default=3, metavar="K",
+                   help="members per deep ensemble (0: no ensemble rows)")
+    p.add_argument("--methods", nargs="+", help="a subset of the task's methods")
+    p.add_argument("--set", nargs="+", default=[], dest="overrides", metavar="KEY=VALUE",
+                   help="extra config overrides for every run")
+    args = p.parse_args(argv)
+    task = TASKS[args.task]
+    methods = task["methods"] or TASKS["cola"]["methods"]
+    if args.methods:
+        unknown = sorted(set(args.methods) - set(methods))
+        if unknown:
+            p.error(f"unknown method(s) {unknown}; allowed: {', '.join(methods)}")
+        methods = {m: methods[m] for m in args.methods}
+    out = Path(args.out)
+    overrides = task["settings"] + args.overrides
+    runs: dict[str, list[dict]] = {}
+    if "softmax" in methods:
+        k = args.ensemble
+        seeds = sorted(set(args.seeds) | set(range(len(args.seeds) * k)))
+        ts = overrides + ["eval.temperature_scaling=true"]
+        run_compare([methods["softmax"]], seeds, out, overrides=ts, names=["softmax"],
+                    progress=False)
+        dirs = [out / "softmax" / f"seed{s}" for s in seeds]
+        results = {s: json.loads((d / "results.json").read_text()) for s, d in zip(seeds, dirs)}
+        runs["softmax"] = [results[s] for s in args.seeds]
+        if k:
+            cfg = load_config(methods["softmax"], ts)
+            groups = []
+            for g in range(len(seeds) // k):
+                block = seeds[g * k:(g + 1) * k]
+                ens = ensemble_results([out / "softmax" / f"seed{s}" for s in block], cfg)
+                ens["cost"] = {"params": results[block[0]]["cost"]["params"] * k,
+                               "sec_per_epoch": sum(results[s]["cost"]["sec_per_epoch"]
+                                                    for s in block)}
+                groups.append(ens)
+            runs[f"deep ensemble ({k})"] = groups[:len(args.seeds)]
+    others = [m for m in methods if m != "softmax"]
+    if others:
+        run_compare([methods[m] for m in others], args.seeds, out, overrides=overrides,
+                    names=others, progress=False)
+        for m in others:
+            runs[m] = [json.loads((out / m / f"seed{s}" / "results.json").read_text())
+                       for s in args.seeds]
+    order = ["softmax", f"deep ensemble ({args.ensemble})", "mc_dropout"]
+    runs = {m: runs[m] for m in order if m in runs} | {m: r for m, r in runs.items()
+                                                       if m not in order}
+    rows = summarise(runs)
+    write_table(rows, out)
+    print(f"{task['about']}; seeds {' '.join(map(str, args.seeds))}\n")
+    print(format_markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
