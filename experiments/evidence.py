@@ -13,6 +13,7 @@ Usage::
 
     python experiments/evidence.py cola --out runs/evidence_cola
     python experiments/evidence.py cola_minilm --out runs/evidence_cola_minilm
+    python experiments/evidence.py imdb_cr --out runs/evidence_imdb_cr     # from the repository root
     python experiments/evidence.py cola --out /tmp/ev --seeds 0 --ensemble 0 --set train.epochs=1
 """
 
@@ -33,6 +34,7 @@ from gpattn_ppl.run.config import load_config
 
 ROOT = Path(__file__).resolve().parent
 COLA = ROOT / "configs" / "cola"
+IMDB = ROOT / "configs" / "imdb"
 
 #: task -> (method -> config file), the settings every run of the task gets, and a description
 TASKS: dict[str, dict] = {
@@ -45,6 +47,21 @@ TASKS: dict[str, dict] = {
                     "h_sto_trans": COLA / "h_sto_trans.yaml"},
         "settings": ["train.epochs=15", "train.warmup_epochs=2"],
         "about": "CoLA official protocol, learned word embeddings, 15 epochs (2 warm-up)",
+    },
+    "imdb_cr": {
+        "methods": {m: (IMDB / "softmax.yaml", [f"model.attention={{kind: {k}}}"] + extra)
+                    for m, k, extra in [
+                        ("softmax", "softmax", []), ("mc_dropout", "softmax", ["model.mc_dropout=true"]),
+                        ("kernel_asym", "kernel", ["model.attention.symmetric=false"]),
+                        ("kernel_sym", "kernel", ["model.attention.symmetric=true"]),
+                        ("sgpa", "sgpa", []), ("kep_svgp", "kep_svgp", []), ("cgpt", "cgpt", []),
+                        ("scgpt", "scgpt", []), ("sto_trans", "gumbel", []),
+                        ("h_sto_trans", "h_gumbel", [])]},
+        "settings": ["data.limit_train=5000", "data.limit_eval=2000", "data.max_len=128",
+                     "model.max_len=128", "train.epochs=5"],
+        "about": "IMDB (ID) -> CR (OOD), reduced for 2 CPU cores: 1 block, C = 128, 8 heads, "
+                 "5,000 training reviews, 128 tokens, 5 epochs, 2,000-review validation and test "
+                 "subsets",
     },
     "cola_minilm": {
         "methods": None,  # the cola methods
@@ -77,18 +94,22 @@ def main(argv: list[str] | None = None) -> None:
         methods = {m: methods[m] for m in args.methods}
     out = Path(args.out)
     overrides = task["settings"] + args.overrides
+
+    def config(method: str, extra: list[str] = ()) -> dict:
+        spec = methods[method]
+        path, own = (spec, []) if isinstance(spec, Path) else spec
+        return load_config(path, own + overrides + list(extra))
+
     runs: dict[str, list[dict]] = {}
     if "softmax" in methods:
         k = args.ensemble
         seeds = sorted(set(args.seeds) | set(range(len(args.seeds) * k)))
-        ts = overrides + ["eval.temperature_scaling=true"]
-        run_compare([methods["softmax"]], seeds, out, overrides=ts, names=["softmax"],
-                    progress=False)
+        cfg = config("softmax", ["eval.temperature_scaling=true"])
+        run_compare([cfg], seeds, out, names=["softmax"], progress=False)
         dirs = [out / "softmax" / f"seed{s}" for s in seeds]
         results = {s: json.loads((d / "results.json").read_text()) for s, d in zip(seeds, dirs)}
         runs["softmax"] = [results[s] for s in args.seeds]
         if k:
-            cfg = load_config(methods["softmax"], ts)
             groups = []
             for g in range(len(seeds) // k):
                 block = seeds[g * k:(g + 1) * k]
@@ -100,8 +121,7 @@ def main(argv: list[str] | None = None) -> None:
             runs[f"deep ensemble ({k})"] = groups[:len(args.seeds)]
     others = [m for m in methods if m != "softmax"]
     if others:
-        run_compare([methods[m] for m in others], args.seeds, out, overrides=overrides,
-                    names=others, progress=False)
+        run_compare([config(m) for m in others], args.seeds, out, names=others, progress=False)
         for m in others:
             runs[m] = [json.loads((out / m / f"seed{s}" / "results.json").read_text())
                        for s in args.seeds]

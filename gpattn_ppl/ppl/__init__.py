@@ -9,6 +9,8 @@
 """
 
 from .objective import (
+    CGP_ALPHA_RAMP,
+    KL_WARMUP,
     OBJECTIVE_WEIGHTS,
     objective_schedules,
     register_objective_term,
@@ -31,7 +33,7 @@ from .sites import (
     site_context,
 )
 
-__all__ = ["MODES", "OBJECTIVE_WEIGHTS", "Schedule", "ScheduledAttributes", "SiteContext",
-           "apply_schedules", "build_schedule", "current_mode", "current_site_context", "draw",
+__all__ = ["CGP_ALPHA_RAMP", "KL_WARMUP", "MODES", "OBJECTIVE_WEIGHTS", "Schedule",
+           "ScheduledAttributes", "SiteContext", "apply_schedules", "build_schedule", "current_mode", "current_site_context", "draw",
            "needs_site", "objective_schedules", "positive_float", "register_objective_term",
            "site_context", "validate_objective"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .schedules import Schedule, build_schedule
 
-__all__ = ["OBJECTIVE_WEIGHTS", "register_objective_term", "validate_objective",
+__all__ = ["CGP_ALPHA_RAMP", "KL_WARMUP", "OBJECTIVE_WEIGHTS", "register_objective_term", "validate_objective",
            "objective_schedules"]
 
 #: the library's default KL schedule: a warm-up, linear 0 -> 1 over the first half of the run
@@ -23,8 +23,8 @@ __all__ = ["OBJECTIVE_WEIGHTS", "register_objective_term", "validate_objective",
 #: which SGPA's local KL pulls q(u) onto the prior; ``{kl_weight: 1.0}`` restores it.
 KL_WARMUP: dict = {"kind": "linear", "start": 0.0, "end": 1.0, "fraction": 0.5}
 
-#: the library's default CGP-regulariser schedule: α linear 0 -> ALPHA_END over the whole run
-#: (the ramp of CGPT §5.1, to a smaller end value; see ``docs/derivations/cgpt.rst``).
+#: the library's default CGP-regulariser schedule: α linear 0 -> 1 over the whole run (CGPT §5.1;
+#: the reference code's CoLA weight is a constant 1). See ``docs/derivations/cgpt.rst``.
 CGP_ALPHA_RAMP: dict = {"kind": "linear", "start": 0.0, "end": 1.0}
 
 #: term name -> (config key of its weight, default weight schedule)

@@ -14,9 +14,12 @@ __all__ = ["TABLE_COLUMNS", "BEST_DETECTOR", "significantly_better", "run_compar
            "format_markdown", "write_table",
            "ensemble_results"]
 
+#: title of the computed column: the OOD AUROC of the detector with the best mean over a
+#: method's runs (first OOD set), named in the cell
+BEST_DETECTOR = "OOD AUROC (best)"
+
 #: (column title, path into results.json, number format); the path ``None`` marks the computed
-#: column ``OOD AUROC (best)``: the AUROC of the detector with the best mean over a method's runs,
-#: named in the cell.
+#: column :data:`BEST_DETECTOR`
 TABLE_COLUMNS: list[tuple[str, tuple, str]] = [
     ("MCC ID", ("test", "mcc"), "{:.3f}"),
     ("MCC OOD", ("ood", "*", "classification", "mcc"), "{:.3f}"),
@@ -28,28 +31,26 @@ TABLE_COLUMNS: list[tuple[str, tuple, str]] = [
     ("AURC", ("test", "aurc"), "{:.3f}"),
     ("MI", ("test", "mutual_info"), "{:.1e}"),
     ("OOD AUROC (MSP)", ("ood", "*", "detection", "max_softmax", "auroc"), "{:.3f}"),
-    ("OOD AUROC (best)", None, "{:.3f}"),
+    (BEST_DETECTOR, None, "{:.3f}"),
     ("s/epoch", ("cost", "sec_per_epoch"), "{:.2f}"),
     ("peak MB", ("cost", "peak_mem_mb"), "{:.0f}"),
     ("params", ("cost", "params"), "{:.0f}"),
 ]
 
 
-BEST_DETECTOR = "OOD AUROC (best)"
+def _node(results: dict, path: tuple):
+    """The entry at ``path`` (``"*"``: the first OOD set), or ``None``."""
+    node = results
+    for key in path:
+        if not isinstance(node, dict) or not node:
+            return None
+        node = next(iter(node.values())) if key == "*" else node.get(key)
+    return node
 
 
 def _get(results: dict, path: tuple):
-    node = results
-    for key in path:
-        if key == "*":  # first (only) OOD set
-            if not node:
-                return None
-            node = next(iter(node.values()))
-        elif isinstance(node, dict) and key in node:
-            node = node[key]
-        else:
-            return None
-    return node if isinstance(node, (int, float)) else None
+    node = _node(results, path)
+    return node if isinstance(node, (int, float)) and not isinstance(node, bool) else None
 
 
 def summarise(runs: dict[str, list[dict]]) -> list[dict]:
@@ -58,6 +59,10 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
     Runs evaluated with temperature scaling (``eval.temperature_scaling``) add a row
     ``"<method> + TS"`` right after their method's row, computed from their ``"ts"`` results
     (same runs, tempered predictive; the cost columns are the method's own).
+
+    Each row maps every column title to ``(mean, std)``; ``"values"`` holds the per-run values
+    (for significance tests) and ``"best detector"`` names the detector of
+    :data:`BEST_DETECTOR`.
     """
     with_ts: dict[str, list[dict]] = {}
     for method, results in runs.items():
@@ -88,7 +93,8 @@ def _best_detector(results: list[dict]) -> tuple[tuple, str | None, list[float]]
     (mean, std), name and per-run values; detectors missing from any run are not candidates."""
     per: dict[str, list[float]] = {}
     for r in results:
-        for name, det in (_get_dict(r, ("ood", "*", "detection")) or {}).items():
+        detection = _node(r, ("ood", "*", "detection"))
+        for name, det in (detection if isinstance(detection, dict) else {}).items():
             if isinstance(det, dict) and isinstance(det.get("auroc"), (int, float)):
                 per.setdefault(name, []).append(det["auroc"])
     per = {k: v for k, v in per.items() if len(v) == len(results)}
@@ -96,15 +102,6 @@ def _best_detector(results: list[dict]) -> tuple[tuple, str | None, list[float]]
         return (None, None), None, []
     best = max(per, key=lambda k: statistics.fmean(per[k]))
     return _mean_std(per[best]), best, per[best]
-
-
-def _get_dict(results: dict, path: tuple):
-    node = results
-    for key in path:
-        if not isinstance(node, dict) or not node:
-            return None
-        node = next(iter(node.values())) if key == "*" else node.get(key)
-    return node if isinstance(node, dict) else None
 
 
 #: table columns where a larger value is better (the others with a direction: smaller is better)
