@@ -47,6 +47,7 @@ TASKS: dict[str, dict] = {
                     "h_sto_trans": COLA / "h_sto_trans.yaml"},
         "settings": ["train.epochs=15", "train.warmup_epochs=2"],
         "about": "CoLA official protocol, learned word embeddings, 15 epochs (2 warm-up)",
+        "metric": "mcc",
     },
     "imdb_cr": {
         "methods": {m: (IMDB / "softmax.yaml", [f"model.attention={{kind: {k}}}"] + extra)
@@ -62,6 +63,7 @@ TASKS: dict[str, dict] = {
         "about": "IMDB (ID) -> CR (OOD), reduced for 2 CPU cores: 1 block, C = 128, 8 heads, "
                  "5,000 training reviews, 128 tokens, 5 epochs, 2,000-review validation and test "
                  "subsets",
+        "metric": "acc",
     },
     "cola_minilm": {
         "methods": None,  # the cola methods
@@ -70,6 +72,7 @@ TASKS: dict[str, dict] = {
                      "train.lr=1e-3"],
         "about": "CoLA official protocol, frozen all-MiniLM-L6-v2 token features (text extra), "
                  "C = 64, MLP 128, Adam 1e-3, 8 epochs (1 warm-up)",
+        "metric": "mcc",
     },
 }
 
@@ -132,6 +135,28 @@ def main(argv: list[str] | None = None) -> None:
     write_table(rows, out)
     print(f"{task['about']}; seeds {' '.join(map(str, args.seeds))}\n")
     print(format_markdown(rows))
+    if "softmax" in runs:
+        per_seed = per_seed_table(runs, args.seeds, task["metric"])
+        (out / "per_seed.md").write_text(per_seed + "\n")
+        print(f"\n{per_seed}")
+
+
+def per_seed_table(runs: dict[str, list[dict]], seeds: list[int], metric: str) -> str:
+    """Test ``metric`` per seed and its difference to softmax's run with the same seed (the
+    "learns" criterion of issue 13: within 0.03 of softmax for every seed)."""
+    ref = [r["test"][metric] for r in runs["softmax"]]
+    head = " | ".join(f"seed {s}" for s in seeds)
+    lines = [f"| method | {head} | worst seed − softmax's | mean − softmax's mean |",
+             "|---|" + "---|" * (len(seeds) + 2)]
+    for method, results in runs.items():
+        if method == "softmax" or len(results) != len(seeds):
+            continue
+        vals = [r["test"][metric] for r in results]
+        diffs = [v - s for v, s in zip(vals, ref)]
+        cells = " | ".join(f"{v:.3f} ({d:+.3f})" for v, d in zip(vals, diffs))
+        lines.append(f"| {method} | {cells} | {min(diffs):+.3f} | "
+                     f"{sum(vals) / len(vals) - sum(ref) / len(ref):+.3f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ def test_evidence_table_rows_and_reuse(tmp_path, capsys):
     assert rows == ["softmax", "softmax + TS", "deep ensemble (2)", "kep_svgp"]
     assert (tmp_path / "softmax" / "seed1" / "results.json").exists()   # the ensemble's member
     assert "(max_softmax)" in table or "(entropy)" in table or "(energy)" in table
+    per_seed = (tmp_path / "per_seed.md").read_text()
+    assert "| kep_svgp | " in per_seed and "worst seed" in per_seed
     first = capsys.readouterr().out
     evidence.main(args)                       # finished runs are reused: the same table
     assert capsys.readouterr().out == first
