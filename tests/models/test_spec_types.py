@@ -19,7 +19,8 @@ from gpattn_ppl.attention.registry import attention_option_types
 from gpattn_ppl.models.spec import ConfigError, check_value, validate_model_spec
 from gpattn_ppl.run.config import load_config
 
-SGPA_YAML = Path(__file__).resolve().parents[2] / "experiments" / "configs" / "cola" / "sgpa.yaml"
+SGPA_YAML = (Path(__file__).resolve().parents[2] / "experiments" / "configs" / "cola"
+             / "sgpa_decoupled_paper.yaml")
 
 KINDS = sorted(ATTENTION)
 OPTIONS = [(kind, name) for kind in KINDS for name in attention_options(kind)]
