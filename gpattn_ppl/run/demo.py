@@ -71,6 +71,10 @@ def _merge(base: dict, patch: dict) -> dict:
     return out
 
 
+def _value(metric: str, value: float | None) -> str:
+    return f"{metric} {'n/a' if value is None else f'{value:.3f}'}"
+
+
 def verdict(rows: list[dict], baseline: str = "softmax") -> list[str]:
     """The demo's closing sentences: which units beat ``baseline`` on both NLL and ECE, which do
     not (naming the metric they lose on), and the same against ``baseline + TS``.
@@ -87,9 +91,10 @@ def verdict(rows: list[dict], baseline: str = "softmax") -> list[str]:
             continue
         win, lose = [], []
         for r in units:
-            worse = [m for m in ("NLL", "ECE") if not r[m][0] < ref[m][0]]
+            worse = [m for m in ("NLL", "ECE")   # a metric missing on either side counts
+                     if r[m][0] is None or ref[m][0] is None or not r[m][0] < ref[m][0]]
             if worse:
-                lose.append(f"{r['method']} ({', '.join(f'{m} {r[m][0]:.3f}' for m in worse)})")
+                lose.append(f"{r['method']} ({', '.join(_value(m, r[m][0]) for m in worse)})")
             else:
                 win.append(r["method"])
         ref_vals = f"NLL {ref['NLL'][0]:.3f}, ECE {ref['ECE'][0]:.3f}"
