@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 
 from gpattn_ppl.run.compare import (
-    ensemble_results,
+    block_ensembles,
     format_markdown,
     run_compare,
     summarise,
@@ -114,15 +114,8 @@ def main(argv: list[str] | None = None) -> None:
         results = {s: json.loads((d / "results.json").read_text()) for s, d in zip(seeds, dirs)}
         runs["softmax"] = [results[s] for s in args.seeds]
         if k:
-            groups = []
-            for g in range(len(seeds) // k):
-                block = seeds[g * k:(g + 1) * k]
-                ens = ensemble_results([out / "softmax" / f"seed{s}" for s in block], cfg)
-                ens["cost"] = {"params": results[block[0]]["cost"]["params"] * k,
-                               "sec_per_epoch": sum(results[s]["cost"]["sec_per_epoch"]
-                                                    for s in block)}
-                groups.append(ens)
-            runs[f"deep ensemble ({k})"] = groups[:len(args.seeds)]
+            runs[f"deep ensemble ({k})"] = block_ensembles(
+                dirs, [results[s] for s in seeds], cfg, k)[:len(args.seeds)]
     others = [m for m in methods if m != "softmax"]
     if others:
         run_compare([config(m) for m in others], args.seeds, out, names=others, progress=False)

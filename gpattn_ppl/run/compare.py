@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["TABLE_COLUMNS", "BEST_DETECTOR", "significantly_better", "run_compare", "summarise",
-           "format_markdown", "write_table",
-           "ensemble_results"]
+           "format_markdown", "write_table", "ensemble_results", "block_ensembles"]
 
 #: title of the computed column: the OOD AUROC of the detector with the best mean over a
 #: method's runs (first OOD set), named in the cell
@@ -201,6 +200,23 @@ def ensemble_results(run_dirs: list[Path], cfg: dict) -> dict:
     return out
 
 
+def block_ensembles(run_dirs: list[Path], members: list[dict], cfg: dict, k: int) -> list[dict]:
+    """Deep ensembles of ``k`` members, one per disjoint block of consecutive runs
+    (:func:`ensemble_results`); each one's cost is its members' summed seconds per epoch and
+    parameters.
+
+    :param members: the ``results.json`` of each of ``run_dirs``, in the same order.
+    """
+    groups = []
+    for g in range(len(run_dirs) // k):
+        block = slice(g * k, (g + 1) * k)
+        ens = ensemble_results(run_dirs[block], cfg)
+        ens["cost"] = {"params": members[0]["cost"]["params"] * k,
+                       "sec_per_epoch": sum(r["cost"]["sec_per_epoch"] for r in members[block])}
+        groups.append(ens)
+    return groups
+
+
 def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str | Path, *,
                 overrides: list[str] | None = None, ensemble: int = 0,
                 names: list[str] | None = None, bundle_cache: bool = True,
@@ -251,16 +267,8 @@ def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str
                           force=action == "fresh", label=f"{method}/seed{seed}").fit()
             runs[method].append(res)
         if ensemble and len(dirs) >= ensemble:
-            members = runs[method]
-            groups = []
-            for g in range(len(dirs) // ensemble):  # disjoint blocks of consecutive seeds
-                block = slice(g * ensemble, (g + 1) * ensemble)
-                ens = ensemble_results(dirs[block], cfg)  # the seeds share the eval section
-                ens["cost"] = {"params": members[0]["cost"]["params"] * ensemble,
-                               "sec_per_epoch": sum(r["cost"]["sec_per_epoch"]
-                                                    for r in members[block])}
-                groups.append(ens)
-            runs[f"{method} (ensemble of {ensemble})"] = groups
+            runs[f"{method} (ensemble of {ensemble})"] = block_ensembles(
+                dirs, runs[method], cfg, ensemble)  # the seeds share the eval section
     rows = summarise(runs)
     write_table(rows, out_dir)
     if plots:
