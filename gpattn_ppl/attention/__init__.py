@@ -6,6 +6,12 @@ from .gumbel import GumbelAttention
 from .h_gumbel import HierarchicalGumbelAttention
 from .kep_svgp import KEPSVGPAttention
 from .kernel import KernelAttention
+from .pretrained import (
+    SoftmaxWeights,
+    init_from_softmax,
+    register_pretrained_init,
+    relative_error,
+)
 from .registry import (
     ATTENTION,
     attention_option_types,
@@ -19,6 +25,7 @@ from .softmax import SoftmaxAttention
 
 __all__ = ["ATTENTION", "AttentionUnit", "CGPTAttention", "SCGPTAttention", "GumbelAttention",
            "HierarchicalGumbelAttention", "KEPSVGPAttention", "KernelAttention", "MCDropout",
-           "SGPAttention", "SoftmaxAttention", "attention_option_types", "attention_options",
-           "build_attention",
+           "SGPAttention", "SoftmaxAttention", "SoftmaxWeights", "attention_option_types",
+           "attention_options", "build_attention", "init_from_softmax", "register_pretrained_init",
+           "relative_error",
            "check_attention_inputs", "register_attention"]

@@ -12,9 +12,21 @@ from .spec import (
     read_yaml_mapping,
     validate_model_spec,
 )
+from .swap import (
+    HOSTS,
+    BertAttentionAdapter,
+    DistilBertAttentionAdapter,
+    MultiheadAttentionAdapter,
+    attention_units,
+    find_attention_layers,
+    key_mask,
+    swap_attention,
+)
 from .text import TextClassifier
 from .vit import ViTClassifier
 
-__all__ = ["ConfigError", "MODEL_SCHEMA", "Option", "TextClassifier", "TransformerClassifier",
-           "ViTClassifier", "assemble_model", "build_model", "check_model", "check_section",
-           "check_value", "read_yaml_mapping", "resolve_block_attention", "validate_model_spec"]
+__all__ = ["BertAttentionAdapter", "ConfigError", "DistilBertAttentionAdapter", "HOSTS",
+           "MODEL_SCHEMA", "MultiheadAttentionAdapter", "Option", "TextClassifier", "TransformerClassifier",
+           "ViTClassifier", "assemble_model", "attention_units", "build_model", "check_model", "check_section",
+           "check_value", "find_attention_layers", "key_mask", "read_yaml_mapping", "resolve_block_attention",
+           "swap_attention", "validate_model_spec"]
