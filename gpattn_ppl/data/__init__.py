@@ -27,6 +27,7 @@ from .cr import read_cr
 from .dataset import ArrayDataset
 from .encoders import (
     ENCODER_KINDS,
+    HFTokenEncoder,
     ImageEncoder,
     InputEncoder,
     LearnedTextEncoder,
@@ -36,7 +37,7 @@ from .encoders import (
 from .image_folder import IMAGE_EXTENSIONS, read_image, read_image_folder, read_images
 from .imdb import IMDB_CLASSES, read_imdb
 from .load import TEXT_ENCODERS, DataBundle, check_labels, data_fingerprint, load_data
-from .pretrained import MiniLMEncoder
+from .pretrained import MiniLMEncoder, load_tokenizer, resolve_checkpoint
 from .registry import DATASETS, DatasetSpec, RawData, register_dataset
 from .splits import (
     cut,
@@ -61,6 +62,7 @@ __all__ = [
     "DataBundle",
     "DatasetSpec",
     "ENCODER_KINDS",
+    "HFTokenEncoder",
     "IMAGE_EXTENSIONS",
     "IMDB_CLASSES",
     "ImageEncoder",
@@ -80,6 +82,7 @@ __all__ = [
     "decode_jpeg_array",
     "encoder_from_state",
     "load_data",
+    "load_tokenizer",
     "official_split",
     "pool",
     "read_cifar10",
@@ -92,6 +95,7 @@ __all__ = [
     "read_labelled_texts",
     "read_texts",
     "register_dataset",
+    "resolve_checkpoint",
     "resolve_path",
     "seeded_permutation",
     "stratified_split",

@@ -27,13 +27,14 @@ from .image_folder import read_images
 from .pretrained import _MODEL_ID, MiniLMEncoder
 from .tokenizer import WordTokenizer
 
-__all__ = ["ENCODER_KINDS", "ImageEncoder", "InputEncoder", "LearnedTextEncoder",
-           "MiniLMTextEncoder", "encoder_from_state"]
+__all__ = ["ENCODER_KINDS", "HFTokenEncoder", "ImageEncoder", "InputEncoder",
+           "LearnedTextEncoder", "MiniLMTextEncoder", "encoder_from_state"]
 
 #: ``encoder_state["kind"]`` -> the keys such a state must hold.
 ENCODER_KINDS: dict[str, tuple[str, ...]] = {
     "learned": ("itos", "max_len"),
     "minilm": ("max_len",),
+    "hf": ("checkpoint", "max_len"),
     "image": ("image_size", "mean", "std"),
 }
 
@@ -151,6 +152,53 @@ class MiniLMTextEncoder(InputEncoder):
                 "feature_dim": self.feature_dim}
 
 
+class HFTokenEncoder(InputEncoder):
+    """Word-piece ids of a pretrained checkpoint's own (fast) tokenizer, ``x [n, N]`` long
+    (``[CLS]``/``[SEP]`` included, truncated to ``max_len``, padded with the tokenizer's pad
+    id; the mask comes from the lengths), for :class:`~gpattn_ppl.models.HFClassifier`.
+
+    :param checkpoint: ``"all-MiniLM-L6-v2"`` or a local Hugging Face model folder (its
+        tokenizer files are read; nothing is downloaded; needs the ``text`` extra).
+    :param max_len: word pieces kept per text.
+    """
+
+    kind, input_kind = "hf", "tokens"
+
+    def __init__(self, checkpoint: str, max_len: int) -> None:
+        if _max_len(max_len) < 2:
+            raise ValueError(f"encoder_state: 'max_len' must be >= 2 ([CLS] and [SEP]), got "
+                             f"{max_len}")
+        if not isinstance(checkpoint, str) or not checkpoint:
+            raise ValueError(f"encoder_state: 'checkpoint' must be a non-empty string, got "
+                             f"{checkpoint!r}")
+        self.checkpoint, self.max_len = checkpoint, max_len
+        self._tokenizer = None
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from .pretrained import load_tokenizer
+            self._tokenizer = load_tokenizer(self.checkpoint)
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def encode(self, inputs: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        texts = _texts(inputs)
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_len)["input_ids"]
+        lengths = torch.tensor([len(i) for i in ids], dtype=torch.long)
+        pad = self.tokenizer.pad_token_id or 0
+        x = torch.full((len(ids), int(lengths.max())), pad, dtype=torch.long)
+        for r, row in enumerate(ids):
+            x[r, :len(row)] = torch.tensor(row, dtype=torch.long)
+        return x, lengths
+
+    def state_dict(self) -> dict:
+        return {"kind": self.kind, "checkpoint": self.checkpoint, "max_len": self.max_len}
+
+
 def _stats(value, key: str) -> tuple[float, ...]:
     if (not isinstance(value, (list, tuple)) or len(value) != 3
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
@@ -207,8 +255,8 @@ def encoder_from_state(state: dict, *, cache_dir: str | Path | None = None,
     """Rebuild the encoder described by ``state`` (``DataBundle.encoder_state``).
 
     :param state: ``{"kind": "learned", "itos", "max_len"}``, ``{"kind": "minilm", "max_len"}``
-        (optional ``model``, ``feature_dim``, ``batch_size``) or ``{"kind": "image",
-        "image_size", "mean", "std"}``.
+        (optional ``model``, ``feature_dim``, ``batch_size``), ``{"kind": "hf", "checkpoint",
+        "max_len"}`` or ``{"kind": "image", "image_size", "mean", "std"}``.
     :param cache_dir: MiniLM only: feature cache folder.
     :param device: MiniLM only: where the model runs.
     :raises ValueError: not a dict, an unknown kind, a missing key or a bad value (the message
@@ -246,4 +294,6 @@ def encoder_from_state(state: dict, *, cache_dir: str | Path | None = None,
                              f"{MiniLMEncoder.feature_dim}")
         return MiniLMTextEncoder(state["max_len"], cache_dir=cache_dir, device=device,
                                  batch_size=state.get("batch_size", 64))
+    if kind == "hf":
+        return HFTokenEncoder(state["checkpoint"], state["max_len"])
     return ImageEncoder(state["image_size"], state["mean"], state["std"])

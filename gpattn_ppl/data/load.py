@@ -21,7 +21,7 @@ import torch
 from ..errors import DataError
 from .cifar import augment
 from .dataset import ArrayDataset
-from .encoders import ImageEncoder, LearnedTextEncoder, MiniLMTextEncoder
+from .encoders import HFTokenEncoder, ImageEncoder, LearnedTextEncoder, MiniLMTextEncoder
 from .pretrained import MiniLMEncoder
 from .registry import DATASETS, RawData
 from .splits import stratified_subset
@@ -33,6 +33,7 @@ __all__ = ["TEXT_ENCODERS", "DataBundle", "check_labels", "data_fingerprint", "l
 TEXT_ENCODERS: dict[str, tuple[str, ...]] = {
     "learned": ("min_freq", "max_vocab"),
     "minilm": ("batch_size", "device"),
+    "hf": ("checkpoint",),
 }
 
 
@@ -139,7 +140,9 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
         ``jsonl`` and ``image_folder``, relative file and folder options are taken under it.
     :param encoder: text only: ``"learned"`` (word ids, vocabulary from the train split;
         options ``min_freq``, ``max_vocab``) or ``"minilm"`` (frozen 384-d per-token features;
-        options ``batch_size``, ``device``; needs the ``text`` extra).
+        options ``batch_size``, ``device``; needs the ``text`` extra) or ``"hf"`` (word-piece ids
+        of a pretrained checkpoint's tokenizer for :class:`~gpattn_ppl.models.HFClassifier`;
+        option ``checkpoint``; needs the ``text`` extra).
     :param max_len: text only: tokens kept per text (MiniLM: word pieces incl. [CLS]/[SEP]).
     :param seed: seeds the split permutation (unless ``split_seed`` is given) and
         ``limit_train``.
@@ -282,6 +285,12 @@ def _encode_text(name, raw, splits, raw_ood, encoder, max_len, cache_dir, enc_kw
         tokenizer = WordTokenizer.fit([raw.x[i] for i in splits["train"].tolist()], **enc_kw)
         input_encoder = LearnedTextEncoder(tokenizer, max_len)
         extra = {"vocab_size": tokenizer.vocab_size, "feature_dim": None, "tokenizer": tokenizer}
+    elif encoder == "hf":
+        if enc_kw.get("checkpoint") is None:
+            raise ValueError("encoder='hf' needs checkpoint= (the pretrained model whose "
+                             "tokenizer encodes the texts)")
+        input_encoder = HFTokenEncoder(enc_kw["checkpoint"], max_len)
+        extra = {"vocab_size": input_encoder.vocab_size, "feature_dim": None, "tokenizer": None}
     else:
         input_encoder = MiniLMTextEncoder(max_len, cache_dir=cache_dir, **enc_kw)
         extra = {"vocab_size": None, "feature_dim": MiniLMEncoder.feature_dim, "tokenizer": None}

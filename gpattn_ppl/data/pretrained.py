@@ -14,10 +14,52 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["MiniLMEncoder"]
+__all__ = ["MiniLMEncoder", "load_tokenizer", "resolve_checkpoint"]
 
-_INSTALL_HINT = 'the MiniLM encoder needs the text extra: pip install "gpattn-ppl[text]"'
+_INSTALL_HINT = 'pretrained text models need the text extra: pip install "gpattn-ppl[text]"'
 _MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+_MINILM_NAMES = ("all-MiniLM-L6-v2", _MODEL_ID)
+
+
+def resolve_checkpoint(checkpoint: str | Path) -> Path:
+    """The local folder of a pretrained checkpoint: the offline all-MiniLM-L6-v2 package for
+    ``"all-MiniLM-L6-v2"`` (or its hub name), else the path itself. Nothing is downloaded.
+
+    :raises ImportError: the MiniLM package is missing (names the extra).
+    :raises FileNotFoundError: the folder or its ``config.json`` does not exist.
+    """
+    if str(checkpoint) in _MINILM_NAMES:
+        return _model_path()
+    path = Path(checkpoint)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: no such folder (give "
+                                "'all-MiniLM-L6-v2' or a local Hugging Face model folder; "
+                                "nothing is downloaded)")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: no config.json in the folder "
+                                "(not a Hugging Face model folder)")
+    return path
+
+
+def load_tokenizer(checkpoint: str | Path):
+    """The (fast) tokenizer of ``checkpoint`` from its local files.
+
+    :raises ImportError: without ``transformers`` (names the extra).
+    :raises FileNotFoundError: a missing folder or tokenizer files.
+    """
+    path = resolve_checkpoint(checkpoint)
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as err:
+        raise ImportError(f"{_INSTALL_HINT} (package 'transformers' is missing)") from err
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: cannot load its tokenizer "
+                                f"({err})") from None
 
 
 def _model_path() -> Path:

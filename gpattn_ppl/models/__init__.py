@@ -2,6 +2,7 @@
 
 from .build import assemble_model, build_model
 from .classifier import TransformerClassifier, resolve_block_attention
+from .hf import FREEZE, POOLING, HFClassifier, load_hf_encoder
 from .spec import (
     MODEL_SCHEMA,
     ConfigError,
@@ -18,15 +19,18 @@ from .swap import (
     DistilBertAttentionAdapter,
     MultiheadAttentionAdapter,
     attention_units,
+    calibrate_swapped,
     find_attention_layers,
+    gap_to_softmax,
     key_mask,
     swap_attention,
 )
 from .text import TextClassifier
 from .vit import ViTClassifier
 
-__all__ = ["BertAttentionAdapter", "ConfigError", "DistilBertAttentionAdapter", "HOSTS",
-           "MODEL_SCHEMA", "MultiheadAttentionAdapter", "Option", "TextClassifier", "TransformerClassifier",
-           "ViTClassifier", "assemble_model", "attention_units", "build_model", "check_model", "check_section",
-           "check_value", "find_attention_layers", "key_mask", "read_yaml_mapping", "resolve_block_attention",
+__all__ = ["BertAttentionAdapter", "ConfigError", "DistilBertAttentionAdapter", "FREEZE", "HFClassifier",
+           "HOSTS",
+           "MODEL_SCHEMA", "MultiheadAttentionAdapter", "Option", "POOLING", "TextClassifier", "TransformerClassifier",
+           "ViTClassifier", "assemble_model", "attention_units", "build_model", "calibrate_swapped", "check_model", "check_section",
+           "check_value", "find_attention_layers", "gap_to_softmax", "key_mask", "load_hf_encoder", "read_yaml_mapping", "resolve_block_attention",
            "swap_attention", "validate_model_spec"]

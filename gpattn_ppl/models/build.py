@@ -55,6 +55,11 @@ def assemble_model(model: dict, **fill):
             m[key] = value
     if m["num_classes"] is None:
         raise ConfigError("model.num_classes: not set (give it in the spec or from the data)")
+    if m["arch"] == "hf":
+        from .hf import HFClassifier
+        return HFClassifier(num_classes=m["num_classes"], checkpoint=m["checkpoint"],
+                            pooling=m["pooling"], freeze=m["freeze"], swap=m["swap"],
+                            mc_dropout=m["mc_dropout"])
     attention = resolve_block_attention(m["depth"], m["attention"], m["overrides"])
     common = dict(num_classes=m["num_classes"], dim=m["dim"], depth=m["depth"], heads=m["heads"],
                   mlp_dim=m["mlp_dim"], dropout=m["dropout"], attention=attention,

