@@ -14,6 +14,7 @@ Usage::
     python experiments/evidence.py cola --out runs/evidence_cola
     python experiments/evidence.py cola_minilm --out runs/evidence_cola_minilm
     python experiments/evidence.py imdb_cr --out runs/evidence_imdb_cr     # from the repository root
+    python experiments/evidence.py cola_finetune --out runs/finetune_cola  # issue 12
     python experiments/evidence.py cola --out /tmp/ev --seeds 0 --ensemble 0 --set train.epochs=1
 """
 
@@ -35,6 +36,7 @@ from gpattn_ppl.run.config import load_config
 ROOT = Path(__file__).resolve().parent
 COLA = ROOT / "configs" / "cola"
 IMDB = ROOT / "configs" / "imdb"
+FINETUNE = ROOT / "configs" / "cola_finetune"
 
 #: task -> (method -> config file), the settings every run of the task gets, and a description
 TASKS: dict[str, dict] = {
@@ -75,6 +77,16 @@ TASKS: dict[str, dict] = {
                  "(0.5 warm-up)",
         "metric": "mcc",
     },
+    "cola_finetune": {   # issue 12: units swapped into a pretrained encoder
+        "methods": {m: FINETUNE / f"{m}.yaml" for m in (
+            "softmax", "mc_dropout", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel")},
+        "settings": [],
+        "ensemble": 0,
+        "about": "CoLA official protocol, all-MiniLM-L6-v2 fine-tuned end to end (max 64 word "
+                 "pieces, batch 32, 3 epochs, AdamW: units and head 5e-4, encoder 3e-5); each "
+                 "unit swapped into the last layer, initialised from it",
+        "metric": "mcc",
+    },
 }
 
 
@@ -83,13 +95,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("task", choices=sorted(TASKS))
     p.add_argument("--out", required=True, help="output folder (run folders and the table)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--ensemble", type=int, default=3, metavar="K",
-                   help="members per deep ensemble (0: no ensemble rows)")
+    p.add_argument("--ensemble", type=int, default=None, metavar="K",
+                   help="members per deep ensemble (0: no ensemble rows; default 3, "
+                        "cola_finetune 0)")
     p.add_argument("--methods", nargs="+", help="a subset of the task's methods")
     p.add_argument("--set", nargs="+", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="extra config overrides for every run")
     args = p.parse_args(argv)
     task = TASKS[args.task]
+    if args.ensemble is None:
+        args.ensemble = task.get("ensemble", 3)
     methods = task["methods"] or TASKS["cola"]["methods"]
     if args.methods:
         unknown = sorted(set(args.methods) - set(methods))

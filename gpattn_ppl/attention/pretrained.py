@@ -16,18 +16,20 @@ softmax                   everything, exactly
 gumbel                    everything; ``W_q, b_q`` scaled by :math:`1/\\sqrt D` (the unit has
                           no scale, :math:`\\tau` replaces it): exact at the modal noise
 h_gumbel                  as gumbel; centroids: k-means of the pretrained keys of ``x``
-kernel                    ``W_q, W_k`` (``symmetric``: ``W_qk = W_q``), ``W_v``, ``W_O``;
+kernel                    ``W_q, W_k`` (``symmetric``: ``W_qk = c W_q``, ``c`` searched), ``W_v``, ``W_O``;
                           ``b_v`` folded into ``b_O`` (:math:`A\\mathbf 1 = \\mathbf 1`);
                           ``b_q, b_k`` dropped; per-head value gain (unnormalised kernel)
-sgpa                      ``W_qk = W_q``, ``W_v``, ``W_O``, ``b_v`` folded; inducing keys:
-                          tokens of ``x``; inducing weights 0; per-head value gain
+sgpa                      ``W_qk = c W_q`` (``c`` searched), ``W_v``, ``W_O``, ``b_v`` folded;
+                          inducing keys: tokens of ``x``; inducing weights 0; per-head value
+                          gain; noise shrunk to :data:`NOISE_TARGET`
 cgpt, scgpt               ``W_q, W_k`` scaled by :math:`D^{-1/4}`, latent ``W_o = W_k``
                           (scaled), ``W_v``, ``W_O``, ``b_v`` folded; SCGPT inducing inputs from
-                          ``x``; per-head value gain
+                          ``x``; per-head value gain; noise shrunk to :data:`NOISE_TARGET`
 kep_svgp                  ``W_q, W_k`` into the feature projection; ``W_e, W_r, \\Lambda``: the
                           top-s singular triple of the pooled cross matrix
                           :math:`\\Phi_q^\\top\\Phi_k` (the KSVD primal solution); ``W_add``: least
-                          squares onto the pretrained head outputs; ``W_O``, ``b_v`` folded
+                          squares onto the pretrained head outputs; ``W_O``, ``b_v`` folded;
+                          noise shrunk to :data:`NOISE_TARGET` (the q(u) covariance factor)
 ========================  ==================================================================
 
 The value gain of head h is :math:`g_h = \\langle H_h, H^\\text{ref}_h\\rangle /
@@ -39,6 +41,7 @@ every unit with values is linear in them.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -234,6 +237,65 @@ def _value_gain(unit, w: SoftmaxWeights, x, mask, v_rows: slice) -> list[float]:
     return [round(float(g), 4) for g in gain]
 
 
+#: query scales tried for units whose kernel ties W_q = W_k (the self term q.q dominates)
+QUERY_SCALES = tuple(2.0 ** -i for i in range(7))
+#: the relative size of one draw's noise a calibrated unit starts with, at most
+NOISE_TARGET = 0.25
+
+
+@torch.no_grad()
+def _mean_gap(unit, w: SoftmaxWeights, x, mask) -> float:
+    with settings.posterior_mean():
+        out = unit(x, mask)
+    return relative_error(out, w.output(x, mask), mask)
+
+
+def _search_query_scale(unit, w: SoftmaxWeights, x, mask, trial) -> float:
+    """The scale ``c`` of :data:`QUERY_SCALES` whose ``trial(c)`` (which re-copies the
+    projections scaled by ``c`` and refits) gives the smallest posterior-mean gap on the
+    calibration batch; ``trial(c)`` is left applied."""
+    gaps = {}
+    for c in QUERY_SCALES:
+        trial(c)
+        gaps[c] = _mean_gap(unit, w, x, mask)
+    best = min(gaps, key=lambda c: (not math.isfinite(gaps[c]), gaps[c]))
+    trial(best)
+    return best
+
+
+def _noise_ratio(draw, mean, ref, mask) -> float:
+    if mask is not None:
+        draw, mean, ref = draw[mask], mean[mask], ref[mask]
+    return float((draw - mean).norm() / ref.norm().clamp_min(1e-30))
+
+
+@torch.no_grad()
+def _noise_excess(unit, w: SoftmaxWeights, x, mask, draws: int = 4) -> float:
+    """``a`` = (one draw's noise relative to the pretrained output, averaged over ``draws``) /
+    :data:`NOISE_TARGET`, or 1 when that is below the target."""
+    with settings.posterior_mean():
+        mean = unit(x, mask)
+    ref = w.output(x, mask)
+    noise = statistics.fmean(_noise_ratio(unit(x, mask), mean, ref, mask)
+                             for _ in range(draws))
+    if not math.isfinite(noise) or noise <= NOISE_TARGET:
+        return 1.0
+    return noise / NOISE_TARGET
+
+
+@torch.no_grad()
+def _shrink_noise(unit, w: SoftmaxWeights, x, mask, v_rows: slice) -> float:
+    r"""Scale the values by :math:`a` and :math:`W_O` by :math:`1/a` so that one draw's noise
+    is at most :data:`NOISE_TARGET` of the pretrained output: the mean is unchanged and, in units
+    whose predictive covariance does not depend on the values (SGPA, CGPT, SCGPT), the noise is
+    divided by :math:`a`. Returns :math:`a` (1: already small enough)."""
+    a = _noise_excess(unit, w, x, mask)
+    if a > 1.0:
+        unit.proj.weight[v_rows].mul_(a)
+        unit.out.weight.div_(a)
+    return a
+
+
 # -- rules --------------------------------------------------------------------------------------
 
 @register_pretrained_init(SoftmaxAttention)
@@ -279,12 +341,22 @@ def _kernel(unit: KernelAttention, w: SoftmaxWeights, x, mask) -> dict:
                          f"maps onto the exponential kernel only, not {unit.kernel_name!r}")
     qk = [w.q_weight] if unit.symmetric else [w.q_weight, w.k_weight]
     scale = w.scale * math.sqrt(unit.head_dim)      # the exponential kernel scales by 1/sqrt(D)
-    unit.proj.weight.copy_(torch.cat([t * math.sqrt(scale) for t in qk] + [w.v_weight]))
     unit.kernel.outputscale = torch.ones(unit.heads)
-    _copy_out(unit, w, fold_value_bias=True)
+    v_rows = slice((unit.n_proj - 1) * C, unit.n_proj * C)
+
+    def trial(c: float) -> None:
+        unit.proj.weight.copy_(torch.cat([t * (c * math.sqrt(scale)) for t in qk] + [w.v_weight]))
+        _copy_out(unit, w, fold_value_bias=True)
+        if x is not None and not unit.normalize:
+            _value_gain(unit, w, x, mask, v_rows)
+
     fitted = []
+    if x is None or not unit.symmetric:
+        trial(1.0)
+    else:               # tied W_q = W_k: the self term q.q dominates at c = 1
+        c = _search_query_scale(unit, w, x, mask, trial)
+        fitted.append(f"W_qk scale c = {c:g} (searched)")
     if x is not None and not unit.normalize:
-        _value_gain(unit, w, x, mask, slice((unit.n_proj - 1) * C, unit.n_proj * C))
         fitted.append("W_v (per-head gain)")
     return {"copied": ["W_qk <- W_q" if unit.symmetric else "W_q", *([] if unit.symmetric
                        else ["W_k"]), "W_v", "W_O", "b_O + W_O b_v"], "fitted": fitted,
@@ -297,9 +369,8 @@ def _sgpa(unit: SGPAttention, w: SoftmaxWeights, x, mask) -> dict:
     if unit.kernel_name != "exponential":
         raise ValueError(f"{unit.site_prefix or 'SGPAttention'}: a pretrained softmax layer "
                          f"maps onto the exponential kernel only, not {unit.kernel_name!r}")
-    scale = w.scale * math.sqrt(unit.head_dim)
-    # the symmetric kernel sees q . q: W_qk = sqrt(scale) W_q keeps the logits' scale
-    unit.proj.weight.copy_(torch.cat([w.q_weight * math.sqrt(scale), w.v_weight]))
+    # the symmetric kernel sees q.q: W_qk = c sqrt(s sqrt(D)) W_q (c = 1 keeps the logits' scale)
+    base = w.q_weight * math.sqrt(w.scale * math.sqrt(unit.head_dim))
     _copy_out(unit, w, fold_value_bias=True)
     fitted = []
     if unit.variant == "decoupled" and unit.num_inducing > 0:
@@ -313,9 +384,20 @@ def _sgpa(unit: SGPAttention, w: SoftmaxWeights, x, mask) -> dict:
             Z = unit.strategy.inducing.inducing_inputs                  # [H, M, C]
             Z.copy_(tokens[idx].unsqueeze(0).expand_as(Z))
             fitted.append("inducing keys Z_beta (tokens of the calibration batch)")
-    if x is not None:
-        _value_gain(unit, w, x, mask, slice(C, 2 * C))
-        fitted.append("W_v (per-head gain)")
+
+    def trial(c: float) -> None:
+        unit.proj.weight.copy_(torch.cat([base * c, w.v_weight]))
+        _copy_out(unit, w, fold_value_bias=True)
+        if x is not None:
+            _value_gain(unit, w, x, mask, slice(C, 2 * C))
+
+    if x is None:
+        trial(1.0)
+    else:
+        c = _search_query_scale(unit, w, x, mask, trial)
+        a = _shrink_noise(unit, w, x, mask, slice(C, 2 * C))
+        fitted += [f"W_qk scale c = {c:g} (searched)", "W_v (per-head gain)",
+                   f"noise: W_v x {a:.3g}, W_O / {a:.3g}"]
     return {"copied": ["W_qk <- W_q", "W_v", "W_O", "b_O + W_O b_v"], "fitted": fitted,
             "not_carried": ["W_k"] + _dropped(w, ("q", "k"))}
 
@@ -340,7 +422,8 @@ def _correlated(unit: _CorrelatedAttention, w: SoftmaxWeights, x, mask) -> dict:
             unit._inducing_ready = True
             fitted.append("inducing inputs s_m, s_l (from the calibration batch)")
         _value_gain(unit, w, x, mask, slice(2 * C, 3 * C))
-        fitted.append("W_v (per-head gain)")
+        a = _shrink_noise(unit, w, x, mask, slice(2 * C, 3 * C))
+        fitted += ["W_v (per-head gain)", f"noise: W_v x {a:.3g}, W_O / {a:.3g}"]
     return {"copied": ["W_q (x sqrt(s))", "W_k (x sqrt(s))", "W_o <- W_k (x sqrt(s))", "W_v",
                        "W_O", "b_O + W_O b_v"], "fitted": fitted,
             "not_carried": _dropped(w, ("q", "k"))}
@@ -367,9 +450,13 @@ def _kep_svgp(unit: KEPSVGPAttention, w: SoftmaxWeights, x, mask) -> dict:
         feats.W_r.copy_(Vh.mT[..., :s].to(feats.W_r))
         lam = S[:, :s].clamp_min(1e-6).float()
         feats.lambda_ = lam
-        # m_d = lambda_d e_d (one prior std along its own feature): F = P Lambda^-1 M = P
-        unit.strategy.q_u.variational_mean.copy_(torch.diag_embed(lam).to(
-            unit.strategy.q_u.variational_mean))
+        # m_d = lambda_d e_d (one prior std along its own feature): F = P Lambda^-1 M = P;
+        # S_d = Lambda^2, the prior's covariance, as the strategy initialises it
+        q_u = unit.strategy.q_u
+        q_u.variational_mean.copy_(torch.diag_embed(lam).to(q_u.variational_mean))
+        H = lam.shape[0]
+        q_u.chol_variational_covar.copy_(
+            torch.diag_embed(lam)[:, None].expand(H, s, s, s).to(q_u.chol_variational_covar))
         # W_add: least squares of the head outputs on the posterior-mean features
         E, R = feats(x, mask)
         G, _ = unit._output_maps(E, R)[0]                                # [B, H, N, s]
@@ -382,9 +469,14 @@ def _kep_svgp(unit: KEPSVGPAttention, w: SoftmaxWeights, x, mask) -> dict:
         Rh = ref.permute(1, 0, 2, 3)[:, real]                             # [H, P, D]
         sol = torch.linalg.lstsq(Gh.double(), Rh.double()).solution        # [H, s, D]
         unit.W_add.copy_(sol.to(unit.W_add))
+        # the output is linear in U = M + L eps: dividing L by a divides the noise by a
+        a = _noise_excess(unit, w, x, mask)
+        if a > 1.0:
+            unit.strategy.q_u.chol_variational_covar.div_(a)
         fitted += ["W_e, W_r, Lambda (top-s SVD of the pooled Phi_q^T Phi_k)",
                    "q(u) mean m_d = lambda_d e_d (then F = E + R)",
-                   "W_add (least squares onto the pretrained head outputs)"]
+                   "W_add (least squares onto the pretrained head outputs)",
+                   f"noise: q(u) covariance factor / {a:.3g}"]
     return {"copied": ["W_q, W_k -> feature projection", "W_O", "b_O + W_O b_v"],
             "fitted": fitted, "not_carried": ["W_v (KEP-SVGP has no values)"]
             + _dropped(w, ("q", "k"))}

@@ -276,3 +276,15 @@ def test_dropouts_follow_the_host():
     assert u.attn_dropout.p == pytest.approx(0.3) and u.proj_dropout.p == pytest.approx(0.2)
     swap_attention(model, "kep_svgp", init="random", rank=3)
     assert model.encoder.layer[0].attention.unit.proj_dropout.p == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("kind", ["sgpa", "cgpt", "scgpt"])
+def test_calibration_shrinks_the_noise_of_a_draw(kind):
+    """Values x a, W_O / a: the posterior mean is unchanged and one draw's noise is about
+    NOISE_TARGET of the pretrained output (triangle inequality on the calibration batch)."""
+    from gpattn_ppl.attention.pretrained import NOISE_TARGET
+
+    model, enc = tiny_bert(), batch(B=3, N=7)
+    rec = swap_attention(model, kind, layers=[-1], calibration=enc, **SMALL.get(kind, {}))[0]
+    assert rec["gap_sample"] <= rec["gap_mean"] + 2 * NOISE_TARGET
+    assert any(f.startswith("noise:") for f in rec["fitted"])
