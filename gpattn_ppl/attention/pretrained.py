@@ -21,15 +21,15 @@ kernel                    ``W_q, W_k`` (``symmetric``: ``W_qk = c W_q``, ``c`` s
                           ``b_q, b_k`` dropped; per-head value gain (unnormalised kernel)
 sgpa                      ``W_qk = c W_q`` (``c`` searched), ``W_v``, ``W_O``, ``b_v`` folded;
                           inducing keys: tokens of ``x``; inducing weights 0; per-head value
-                          gain; noise shrunk to :data:`NOISE_TARGET`
+                          gain; noise shrunk to ``NOISE_TARGET``
 cgpt, scgpt               ``W_q, W_k`` scaled by :math:`D^{-1/4}`, latent ``W_o = W_k``
                           (scaled), ``W_v``, ``W_O``, ``b_v`` folded; SCGPT inducing inputs from
-                          ``x``; per-head value gain; noise shrunk to :data:`NOISE_TARGET`
+                          ``x``; per-head value gain; noise shrunk to ``NOISE_TARGET``
 kep_svgp                  ``W_q, W_k`` into the feature projection; ``W_e, W_r, \\Lambda``: the
                           top-s singular triple of the pooled cross matrix
                           :math:`\\Phi_q^\\top\\Phi_k` (the KSVD primal solution); ``W_add``: least
                           squares onto the pretrained head outputs; ``W_O``, ``b_v`` folded;
-                          noise shrunk to :data:`NOISE_TARGET` (the q(u) covariance factor)
+                          noise shrunk to ``NOISE_TARGET`` (the q(u) covariance factor)
 ========================  ==================================================================
 
 The value gain of head h is :math:`g_h = \\langle H_h, H^\\text{ref}_h\\rangle /
@@ -272,7 +272,7 @@ def _noise_ratio(draw, mean, ref, mask) -> float:
 @torch.no_grad()
 def _noise_excess(unit, w: SoftmaxWeights, x, mask, draws: int = 4) -> float:
     """``a`` = (one draw's noise relative to the pretrained output, averaged over ``draws``) /
-    :data:`NOISE_TARGET`, or 1 when that is below the target."""
+    ``NOISE_TARGET``, or 1 when that is below the target."""
     with settings.posterior_mean():
         mean = unit(x, mask)
     ref = w.output(x, mask)
@@ -286,7 +286,7 @@ def _noise_excess(unit, w: SoftmaxWeights, x, mask, draws: int = 4) -> float:
 @torch.no_grad()
 def _shrink_noise(unit, w: SoftmaxWeights, x, mask, v_rows: slice) -> float:
     r"""Scale the values by :math:`a` and :math:`W_O` by :math:`1/a` so that one draw's noise
-    is at most :data:`NOISE_TARGET` of the pretrained output: the mean is unchanged and, in units
+    is at most ``NOISE_TARGET`` of the pretrained output: the mean is unchanged and, in units
     whose predictive covariance does not depend on the values (SGPA, CGPT, SCGPT), the noise is
     divided by :math:`a`. Returns :math:`a` (1: already small enough)."""
     a = _noise_excess(unit, w, x, mask)

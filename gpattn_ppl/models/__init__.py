@@ -15,6 +15,7 @@ from .spec import (
 )
 from .swap import (
     HOSTS,
+    AttentionLayer,
     BertAttentionAdapter,
     DistilBertAttentionAdapter,
     MultiheadAttentionAdapter,
@@ -28,7 +29,7 @@ from .swap import (
 from .text import TextClassifier
 from .vit import ViTClassifier
 
-__all__ = ["BertAttentionAdapter", "ConfigError", "DistilBertAttentionAdapter", "FREEZE", "HFClassifier",
+__all__ = ["AttentionLayer", "BertAttentionAdapter", "ConfigError", "DistilBertAttentionAdapter", "FREEZE", "HFClassifier",
            "HOSTS",
            "MODEL_SCHEMA", "MultiheadAttentionAdapter", "Option", "POOLING", "TextClassifier", "TransformerClassifier",
            "ViTClassifier", "assemble_model", "attention_units", "build_model", "calibrate_swapped", "check_model", "check_section",

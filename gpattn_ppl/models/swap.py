@@ -39,7 +39,7 @@ from ..attention import (
     relative_error,
 )
 
-__all__ = ["BertAttentionAdapter", "DistilBertAttentionAdapter", "HOSTS",
+__all__ = ["AttentionLayer", "BertAttentionAdapter", "DistilBertAttentionAdapter", "HOSTS",
            "MultiheadAttentionAdapter", "attention_units", "calibrate_swapped",
            "find_attention_layers", "gap_to_softmax", "key_mask", "swap_attention"]
 
@@ -151,8 +151,9 @@ class MultiheadAttentionAdapter(nn.Module):
 # -- hosts --------------------------------------------------------------------------------------
 
 @dataclass
-class _Layer:
-    """One attention layer of a host: where it hangs, what it is, how to read and replace it."""
+class AttentionLayer:
+    """One self-attention layer of a host model (:func:`find_attention_layers`): its module
+    path, parent and attribute, the module, and the host kind (a key of :data:`HOSTS`)."""
 
     path: str                  # module path of the host's attention module
     parent: nn.Module
@@ -278,7 +279,7 @@ HOSTS: dict[str, dict[str, Callable]] = {
 }
 
 
-def find_attention_layers(model: nn.Module) -> list[_Layer]:
+def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
     """The self-attention layers of ``model`` in module order, of one host kind.
 
     :raises ValueError: none found, or layers of two host kinds.
@@ -293,7 +294,7 @@ def find_attention_layers(model: nn.Module) -> list[_Layer]:
                     raise ValueError("swap_attention: the model is itself an attention layer; "
                                      "pass the model that contains it")
                 parent_path, _, attr = path.rpartition(".")
-                found.append(_Layer(path, model.get_submodule(parent_path), attr, module, host))
+                found.append(AttentionLayer(path, model.get_submodule(parent_path), attr, module, host))
                 owned.add(path)
                 break
     if not found:
