@@ -216,6 +216,12 @@ def _copy_out(unit, w: SoftmaxWeights, fold_value_bias: bool) -> None:
                             (w.out_bias if w.out_bias is not None else 0.0))
 
 
+def _require_exponential(unit) -> None:
+    if unit.kernel_name != "exponential":
+        raise ValueError(f"{unit.site_prefix or type(unit).__name__}: a pretrained softmax layer "
+                         f"maps onto the exponential kernel only, not {unit.kernel_name!r}")
+
+
 def _dropped(w: SoftmaxWeights, names) -> list[str]:
     return [f"b_{n}" for n in names if getattr(w, f"{n}_bias") is not None]
 
@@ -336,9 +342,7 @@ def _h_gumbel(unit: HierarchicalGumbelAttention, w: SoftmaxWeights, x, mask) -> 
 @register_pretrained_init(KernelAttention)
 def _kernel(unit: KernelAttention, w: SoftmaxWeights, x, mask) -> dict:
     C = unit.dim
-    if unit.kernel_name != "exponential":
-        raise ValueError(f"{unit.site_prefix or 'KernelAttention'}: a pretrained softmax layer "
-                         f"maps onto the exponential kernel only, not {unit.kernel_name!r}")
+    _require_exponential(unit)
     qk = [w.q_weight] if unit.symmetric else [w.q_weight, w.k_weight]
     scale = w.scale * math.sqrt(unit.head_dim)      # the exponential kernel scales by 1/sqrt(D)
     unit.kernel.outputscale = torch.ones(unit.heads)
@@ -366,9 +370,7 @@ def _kernel(unit: KernelAttention, w: SoftmaxWeights, x, mask) -> dict:
 @register_pretrained_init(SGPAttention)
 def _sgpa(unit: SGPAttention, w: SoftmaxWeights, x, mask) -> dict:
     C = unit.dim
-    if unit.kernel_name != "exponential":
-        raise ValueError(f"{unit.site_prefix or 'SGPAttention'}: a pretrained softmax layer "
-                         f"maps onto the exponential kernel only, not {unit.kernel_name!r}")
+    _require_exponential(unit)
     # the symmetric kernel sees q.q: W_qk = c sqrt(s sqrt(D)) W_q (c = 1 keeps the logits' scale)
     base = w.q_weight * math.sqrt(w.scale * math.sqrt(unit.head_dim))
     _copy_out(unit, w, fold_value_bias=True)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention.base import AttentionUnit, MCDropout
+from ..attention.base import MCDropout
 from ..attention.registry import attention_options, build_attention
 from ..layers import TransformerBlock
+from .host import AttentionHost
 
 __all__ = ["TransformerClassifier", "resolve_block_attention"]
 
@@ -30,7 +31,7 @@ def resolve_block_attention(depth: int, attention: dict, overrides: list[dict] |
     return specs
 
 
-class TransformerClassifier(nn.Module):
+class TransformerClassifier(AttentionHost):
     """Embedding -> L TransformerBlocks -> LayerNorm -> masked mean pool -> linear head.
 
     Subclasses implement :meth:`embed` (``x -> ([B, N, C], mask)``).
@@ -68,32 +69,6 @@ class TransformerClassifier(nn.Module):
         for path, unit in self.attention_units().items():
             unit.site_prefix = path
         self.set_mc_dropout(mc_dropout)
-
-    # -- structure ----------------------------------------------------------------------------
-    def attention_units(self) -> dict[str, AttentionUnit]:
-        """Module path -> attention unit (``"blocks.1.attn"``)."""
-        return {n: m for n, m in self.named_modules() if isinstance(m, AttentionUnit)}
-
-    def set_mc_dropout(self, enabled: bool) -> None:
-        """Turn Monte-Carlo dropout on or off for every dropout in the model."""
-        self.mc_dropout = bool(enabled)
-        for m in self.modules():
-            if isinstance(m, MCDropout):
-                m.mc = self.mc_dropout
-
-    @property
-    def stochastic(self) -> bool:
-        """Whether two evaluation passes can differ (a stochastic unit, or MC dropout)."""
-        mc = self.mc_dropout and any(m.p > 0 for m in self.modules() if isinstance(m, MCDropout))
-        return mc or any(u.stochastic for u in self.attention_units().values())
-
-    def objective_terms(self) -> dict[str, torch.Tensor]:
-        """All units' terms of the last forward pass, keyed ``"<path>.<term>"``."""
-        out = {}
-        for path, unit in self.attention_units().items():
-            for name, value in unit.objective_terms().items():
-                out[f"{path}.{name}"] = value
-        return out
 
     # -- forward ------------------------------------------------------------------------------
     def embed(self, x: torch.Tensor, mask: torch.Tensor | None):

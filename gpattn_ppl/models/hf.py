@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..attention import AttentionUnit, MCDropout
+from ..attention import MCDropout
 from ..data.pretrained import resolve_checkpoint
-from .swap import attention_units, calibrate_swapped, swap_attention
+from .host import AttentionHost
+from .swap import calibrate_swapped, swap_attention
 
 __all__ = ["FREEZE", "POOLING", "HFClassifier", "load_hf_encoder"]
 
@@ -60,7 +61,7 @@ def _mc_dropouts(module: nn.Module) -> None:
             _mc_dropouts(child)
 
 
-class HFClassifier(nn.Module):
+class HFClassifier(AttentionHost):
     r"""A pretrained encoder, pooled, with a linear head: ``logits = W\,\mathrm{pool}(h) + b``.
 
     Inputs are the checkpoint's word-piece ids ``x [B, N]`` (long) with ``mask [B, N]`` (bool,
@@ -136,10 +137,6 @@ class HFClassifier(nn.Module):
             for unit in self.attention_units().values():
                 unit.requires_grad_(True)
 
-    def attention_units(self) -> dict[str, AttentionUnit]:
-        """Module path -> swapped attention unit (``"encoder.encoder.layer.5.attention.unit"``)."""
-        return attention_units(self)
-
     def parameter_groups(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """``(new, backbone)`` trainable parameters: the swapped units and the head (trained at
         ``train.lr``), and the rest of the encoder (at ``train.backbone_lr``)."""
@@ -150,24 +147,6 @@ class HFClassifier(nn.Module):
             if p.requires_grad:
                 (new if id(p) in new_ids else backbone).append(p)
         return new, backbone
-
-    def set_mc_dropout(self, enabled: bool) -> None:
-        """Turn Monte-Carlo dropout on or off for every dropout in the model."""
-        self.mc_dropout = bool(enabled)
-        for m in self.modules():
-            if isinstance(m, MCDropout):
-                m.mc = self.mc_dropout
-
-    @property
-    def stochastic(self) -> bool:
-        """Whether two evaluation passes can differ (a stochastic unit, or MC dropout)."""
-        mc = self.mc_dropout and any(m.p > 0 for m in self.modules() if isinstance(m, MCDropout))
-        return mc or any(u.stochastic for u in self.attention_units().values())
-
-    def objective_terms(self) -> dict[str, torch.Tensor]:
-        """All units' terms of the last forward pass, keyed ``"<path>.<term>"``."""
-        return {f"{path}.{name}": value for path, unit in self.attention_units().items()
-                for name, value in unit.objective_terms().items()}
 
     # -- calibration ----------------------------------------------------------------------------
     def calibrate(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> list[dict]:

