@@ -115,7 +115,8 @@ class MultiheadAttentionAdapter(nn.Module):
     Key padding masks are bool (True = padding) or additive float (0 = real, ``-inf`` =
     padding), as ``nn.TransformerEncoderLayer`` passes them; ``attn_mask`` and ``is_causal``
     are refused (the units attend bidirectionally). ``_qkv_same_embed_dim = False`` keeps the
-    encoder off its fused inference path, which would bypass the unit.
+    layer off its fused inference path, which would bypass the unit, and
+    :func:`swap_attention` turns the encoder's nested-tensor path off.
     """
 
     _qkv_same_embed_dim = False
@@ -467,6 +468,10 @@ def swap_attention(model: nn.Module, kind: str, layers: Sequence[int] = (-1,),
         if weights is not None:
             pretrained[unit_path] = weights
         records.append(record)
+    for m in model.modules():   # its nested-tensor fast path reads the attention's weights
+        if isinstance(m, nn.TransformerEncoder) and any(
+                isinstance(a, MultiheadAttentionAdapter) for a in m.modules()):
+            m.use_nested_tensor = False
     if calibration is not None and pretrained:
         fitted = calibrate_swapped(model, pretrained, calibration, fit=init == "pretrained")
         for record in records:
