@@ -97,7 +97,8 @@ def test_softmax_swap_reproduces_distilbert_exactly():
 def test_softmax_swap_reproduces_torch_encoder(batch_first):
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(C, H, 32, dropout=0.0, batch_first=batch_first)
-    enc = nn.TransformerEncoder(layer, 2).eval()    # the default: nested tensors enabled
+    # the default, nested tensors enabled (batch-first only: torch warns otherwise)
+    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=batch_first).eval()
     x = torch.randn(3, 7, C)
     pad = torch.zeros(3, 7, dtype=torch.bool)
     pad[1, 5:] = True
