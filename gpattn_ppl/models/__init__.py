@@ -18,8 +18,8 @@ from .swap import (
     HOSTS,
     AttentionLayer,
     BertAttentionAdapter,
-    DistilBertAttentionAdapter,
     MultiheadAttentionAdapter,
+    SelfAttentionAdapter,
     attention_units,
     calibrate_swapped,
     find_attention_layers,
@@ -30,7 +30,8 @@ from .swap import (
 from .text import TextClassifier
 from .vit import ViTClassifier
 
-__all__ = ["AttentionHost", "AttentionLayer", "BertAttentionAdapter", "ConfigError", "DistilBertAttentionAdapter", "FREEZE", "HFClassifier",
+__all__ = ["AttentionHost", "AttentionLayer", "BertAttentionAdapter", "ConfigError", "FREEZE",
+           "HFClassifier", "SelfAttentionAdapter",
            "HOSTS",
            "MODEL_SCHEMA", "MultiheadAttentionAdapter", "Option", "POOLING", "TextClassifier", "TransformerClassifier",
            "ViTClassifier", "assemble_model", "attention_units", "build_model", "calibrate_swapped", "check_model", "check_section",

@@ -4,7 +4,9 @@
 
 * a Hugging Face BERT-family encoder (``BertModel`` and every model whose layers hold a
   ``BertAttention``-like module: ``self.query/key/value`` + ``output.dense/LayerNorm``, e.g.
-  all-MiniLM-L6-v2) or a DistilBERT one (``q_lin/k_lin/v_lin/out_lin``),
+  all-MiniLM-L6-v2), a DistilBERT one (``q_lin/k_lin/v_lin/out_lin``), or one whose
+  self-attention has ``q_proj/k_proj/v_proj/o_proj`` (ViT and others; bidirectional, no
+  grouped-query attention),
 * ``torch.nn.TransformerEncoder`` layers (their ``nn.MultiheadAttention``),
 * the library's own :class:`~gpattn_ppl.models.TextClassifier` /
   :class:`~gpattn_ppl.models.ViTClassifier` blocks,
@@ -39,7 +41,7 @@ from ..attention import (
     relative_error,
 )
 
-__all__ = ["AttentionLayer", "BertAttentionAdapter", "DistilBertAttentionAdapter", "HOSTS",
+__all__ = ["AttentionLayer", "BertAttentionAdapter", "SelfAttentionAdapter", "HOSTS",
            "MultiheadAttentionAdapter", "attention_units", "calibrate_swapped",
            "find_attention_layers", "gap_to_softmax", "key_mask", "swap_attention"]
 
@@ -94,13 +96,14 @@ class BertAttentionAdapter(nn.Module):
         return self.LayerNorm(hidden_states + self.unit(hidden_states, mask)), None
 
 
-class DistilBertAttentionAdapter(nn.Module):
-    """Stands in for DistilBERT's self-attention: ``unit(x, mask)``, returning ``(output,
-    None)`` (the host adds the residual and its ``sa_layer_norm``)."""
+class SelfAttentionAdapter(nn.Module):
+    """Stands in for a self-attention module that returns ``(output, weights)`` and leaves the
+    residual to its layer (DistilBERT's, and the ``q_proj/k_proj/v_proj/o_proj`` modules of
+    ViT and others): ``(unit(x, mask), None)``."""
 
-    def __init__(self, unit: AttentionUnit) -> None:
+    def __init__(self, unit: AttentionUnit, host: str) -> None:
         super().__init__()
-        self.unit = unit
+        self.unit, self.host = unit, host
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 *args, **kwargs):
@@ -203,6 +206,11 @@ def _is_distilbert(m: nn.Module) -> bool:
                for n in ("q_lin", "k_lin", "v_lin", "out_lin"))
 
 
+def _is_qkvo(m: nn.Module) -> bool:
+    return all(isinstance(getattr(m, n, None), nn.Linear)
+               for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+
+
 def _is_gpattn(m: nn.Module) -> bool:
     return isinstance(m, AttentionUnit)
 
@@ -225,6 +233,23 @@ def _distilbert_weights(m, path) -> SoftmaxWeights:
     return SoftmaxWeights(m.q_lin.weight.detach(), m.k_lin.weight.detach(),
                           m.v_lin.weight.detach(), m.out_lin.weight.detach(), _bias(m.q_lin),
                           _bias(m.k_lin), _bias(m.v_lin), _bias(m.out_lin), heads=heads,
+                          scale=getattr(m, "scaling", None))
+
+
+def _qkvo_weights(m, path) -> SoftmaxWeights:
+    if getattr(m, "is_causal", False):
+        raise ValueError(f"{path}: causal (decoder) attention; a swapped unit attends "
+                         "bidirectionally")
+    C = m.q_proj.in_features
+    if not (m.q_proj.out_features == m.k_proj.out_features == m.v_proj.out_features == C):
+        raise ValueError(f"{path}: q/k/v projections of widths {m.q_proj.out_features}, "
+                         f"{m.k_proj.out_features}, {m.v_proj.out_features} for width {C} "
+                         "(grouped-query or reshaped attention cannot be read)")
+    heads = getattr(m, "num_attention_heads", None) or getattr(m, "num_heads", None) \
+        or C // m.head_dim
+    return SoftmaxWeights(m.q_proj.weight.detach(), m.k_proj.weight.detach(),
+                          m.v_proj.weight.detach(), m.o_proj.weight.detach(), _bias(m.q_proj),
+                          _bias(m.k_proj), _bias(m.v_proj), _bias(m.o_proj), heads=heads,
                           scale=getattr(m, "scaling", None))
 
 
@@ -257,18 +282,26 @@ def _bert_adapter(unit, m, layer):
                                 else m.output.LayerNorm)
 
 
-_ADAPTERS = (BertAttentionAdapter, DistilBertAttentionAdapter, MultiheadAttentionAdapter)
+_ADAPTERS = (BertAttentionAdapter, SelfAttentionAdapter, MultiheadAttentionAdapter)
+
+def _swapped(m: nn.Module, host: str) -> bool:
+    return isinstance(m, SelfAttentionAdapter) and m.host == host
+
 
 #: host kind -> how to recognise, read and replace its attention layers
 HOSTS: dict[str, dict[str, Callable]] = {
     "bert": {"match": lambda m: _is_bert(m) or isinstance(m, BertAttentionAdapter), "weights": _bert_weights,
              "dropouts": lambda m: (_p(m.self.dropout), _p(m.output.dropout)),
              "adapter": _bert_adapter, "unit_path": "unit"},
-    "distilbert": {"match": lambda m: (_is_distilbert(m)
-                                        or isinstance(m, DistilBertAttentionAdapter)), "weights": _distilbert_weights,
+    "distilbert": {"match": lambda m: _is_distilbert(m) or _swapped(m, "distilbert"),
+                   "weights": _distilbert_weights,
                    "dropouts": lambda m: (_p(getattr(m, "dropout", None)), 0.0),
-                   "adapter": lambda unit, m, layer: DistilBertAttentionAdapter(unit),
+                   "adapter": lambda unit, m, layer: SelfAttentionAdapter(unit, "distilbert"),
                    "unit_path": "unit"},
+    "qkvo": {"match": lambda m: _is_qkvo(m) or _swapped(m, "qkvo"), "weights": _qkvo_weights,
+             "dropouts": lambda m: (float(getattr(m, "attention_dropout", 0.0) or 0.0), 0.0),
+             "adapter": lambda unit, m, layer: SelfAttentionAdapter(unit, "qkvo"),
+             "unit_path": "unit"},
     "torch": {"match": lambda m: isinstance(m, (nn.MultiheadAttention,
                                                  MultiheadAttentionAdapter)), "weights": _mha_weights,
               "dropouts": lambda m: (float(m.dropout), 0.0),

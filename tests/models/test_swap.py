@@ -92,6 +92,26 @@ def test_softmax_swap_reproduces_distilbert_exactly():
     assert records[0]["host"] == "distilbert"
 
 
+def test_softmax_swap_reproduces_vit_exactly():
+    """A q_proj/k_proj/v_proj/o_proj host (HF ViT, no mask): exact for softmax, runs for a GP
+    unit."""
+    torch.manual_seed(0)
+    cfg = transformers.ViTConfig(image_size=8, patch_size=4, hidden_size=C, num_hidden_layers=2,
+                                 num_attention_heads=H, intermediate_size=32)
+    model = transformers.ViTModel(cfg).eval()
+    pixels = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        ref = model(pixel_values=pixels).last_hidden_state
+    rec = swap_attention(model, "softmax", layers=[0, -1], calibration={"pixel_values": pixels})
+    assert rec[0]["host"] == "qkvo" and rec[0]["gap_mean"] < 1e-5
+    with torch.no_grad():
+        torch.testing.assert_close(model(pixel_values=pixels).last_hidden_state, ref,
+                                   atol=1e-5, rtol=1e-5)
+    rec = swap_attention(model, "kep_svgp", layers=[-1], init="random", rank=3)
+    with torch.no_grad(), settings.posterior_mean():
+        assert model(pixel_values=pixels).last_hidden_state.shape == ref.shape
+
+
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # the unswapped reference
 @pytest.mark.parametrize("batch_first", [True, False])
 def test_softmax_swap_reproduces_torch_encoder(batch_first):
