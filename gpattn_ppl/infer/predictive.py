@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from pyro.infer import Predictive
 
@@ -37,7 +39,10 @@ def predict(program: PyroProgram, dataset, *, num_samples: int = 10, batch_size:
             for start in range(0, n, batch_size):
                 idx = torch.arange(start, min(start + batch_size, n))
                 b = dataset.batch(idx).to(device)
-                out = predictive(b.x, b.mask, None, None)["logits"]
+                # T > 1: the deterministic prefix runs once per batch (exact, see PrefixCache)
+                reuse = net.prefix_cache() if T > 1 and hasattr(net, "prefix_cache") else None
+                with reuse if reuse is not None else contextlib.nullcontext():
+                    out = predictive(b.x, b.mask, None, None)["logits"]
                 logits.append(out.reshape(T, len(idx), -1).float().cpu())
                 labels.append(b.y.cpu())
     finally:

@@ -70,6 +70,16 @@ class TransformerClassifier(AttentionHost):
             unit.site_prefix = path
         self.set_mc_dropout(mc_dropout)
 
+    def prefix_targets(self) -> list[tuple[object, str]]:
+        """``embed`` and the blocks before the first stochastic unit (see
+        :class:`~gpattn_ppl.models.host.PrefixCache`)."""
+        targets: list[tuple[object, str]] = [(self, "embed")]
+        for block in self.blocks:
+            if block.attn.stochastic:
+                break
+            targets.append((block, "forward"))
+        return targets
+
     # -- forward ------------------------------------------------------------------------------
     def embed(self, x: torch.Tensor, mask: torch.Tensor | None):
         """Validate and embed the inputs: ``x -> (h [B, N, C], mask [B, N] bool or None)``.
