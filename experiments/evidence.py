@@ -1,4 +1,5 @@
-"""The evidence table of issue 13: every unit with its default recipe beside the baselines.
+"""Evidence tables: every unit with its default recipe beside the baselines (issue 13), and
+every unit swapped into a fine-tuned pretrained encoder (issue 12, task ``cola_finetune``).
 
 Rows: ``softmax``, ``softmax + TS`` (temperature scaled on the validation split), ``mc_dropout``,
 ``deep ensemble (K)`` (K softmax members; one ensemble per block of K seeds, so 3 seeds of
