@@ -49,6 +49,7 @@ from .splits import (
 )
 from .tabular import read_labelled_texts, read_texts, resolve_path
 from .tokenizer import WordTokenizer
+from .vision_ood import VISION_OOD, digit_images, noise_images, photo_patches, vision_ood_sets
 
 __all__ = [
     "ArrayDataset",
@@ -73,6 +74,7 @@ __all__ = [
     "Normalize",
     "RawData",
     "TEXT_ENCODERS",
+    "VISION_OOD",
     "WordTokenizer",
     "augment",
     "bundled_cola_root",
@@ -80,10 +82,13 @@ __all__ = [
     "cut",
     "data_fingerprint",
     "decode_jpeg_array",
+    "digit_images",
     "encoder_from_state",
     "load_data",
     "load_tokenizer",
+    "noise_images",
     "official_split",
+    "photo_patches",
     "pool",
     "read_cifar10",
     "read_cola",
@@ -100,4 +105,5 @@ __all__ = [
     "seeded_permutation",
     "stratified_split",
     "stratified_subset",
+    "vision_ood_sets",
 ]

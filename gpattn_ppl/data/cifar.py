@@ -20,6 +20,7 @@ from PIL import Image
 from ..errors import DataError
 from .registry import RawData, register_dataset
 from .splits import cut, seeded_permutation
+from .vision_ood import vision_ood_sets
 
 __all__ = ["CIFAR10_CLASSES", "CIFAR10_MEAN", "CIFAR10_STD", "Normalize", "augment",
            "decode_jpeg_array", "read_cifar10"]
@@ -167,9 +168,14 @@ def _build_cifar10(*, protocol: str, root, split_seed: int, cache_dir) -> RawDat
     n_val = round(0.1 * n_tr)
     splits = cut(seeded_permutation(n_tr, split_seed), {"val": n_val, "train": n_tr - n_val})
     splits["test"] = torch.arange(n_tr, n)
-    return RawData(torch.cat([tr_x, te_x]), torch.cat([tr_y, te_y]), splits, {}, 10,
+    # OOD sets that need no download (vision_ood.py; seed 0 whatever the split seed)
+    ood = vision_ood_sets(size=tr_x.shape[-1], seed=0)
+    return RawData(torch.cat([tr_x, te_x]), torch.cat([tr_y, te_y]), splits, ood, 10,
                    {"source": str(Path(root)),
-                    "split": "train/val = seeded 90/10 of the official train; test = official"},
+                    "split": "train/val = seeded 90/10 of the official train; test = official",
+                    "ood": "digits (scikit-learn, upsampled), photo_patches (scikit-learn's "
+                           "sample photos), gaussian_noise, uniform_noise; seed 0; see "
+                           "gpattn_ppl/data/vision_ood.py"},
                    classes=list(CIFAR10_CLASSES), image_stats=(CIFAR10_MEAN, CIFAR10_STD))
 
 

@@ -104,7 +104,10 @@ def test_load_cifar10_bundle(tmp_path):
     root = _make_npz_xz(tmp_path / "c")
     b = load_data("cifar10", root=str(root), seed=3)
     assert b.input_kind == "image" and b.num_classes == 10 and b.tokenizer is None
-    assert b.info["sizes"] == {"train": 18, "val": 2, "test": 10}
+    assert {k: b.info["sizes"][k] for k in ("train", "val", "test")} == {
+        "train": 18, "val": 2, "test": 10}
+    assert set(b.ood) == {"digits", "photo_patches", "gaussian_noise", "uniform_noise"}
+    assert b.ood["digits"].x.shape == (1797, 3, 32, 32) and (b.ood["digits"].y == -1).all()
     assert b.train.augment is not None and b.val.augment is None and b.test.augment is None
     train_val = torch.cat([b.train.x, b.val.x]).reshape(20, -1)
     full = read_cifar10(root)["train"][0].reshape(20, -1)
