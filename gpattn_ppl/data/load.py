@@ -124,7 +124,10 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
                                                sentences; ``cola_ood`` (516)
     ``imdb``          ``official``             22,500 / 2,500 / 25,000; ``cr`` (CR.test, 500)
     ``imdb``          ``kep``                  35,000 / 5,000 / 10,000 of the merged 50k
-    ``cifar10``       ``official``             45,000 / 5,000 / 10,000
+    ``cifar10``       ``official``             45,000 / 5,000 / 10,000; ``digits``,
+                                               ``photo_patches``, ``gaussian_noise``,
+                                               ``uniform_noise`` (no download:
+                                               :mod:`~gpattn_ppl.data.vision_ood`)
     ``csv``           ``given``                ``train_file`` / ``val_file`` / ``test_file``
                                                (a missing one: a seeded stratified 10% of
                                                ``train_file``); ``ood_files``
