@@ -23,6 +23,13 @@ from .cifar import (
     read_cifar10,
 )
 from .cola import COLA_CLASSES, COLA_FILES, bundled_cola_root, read_cola
+from .corruptions import (
+    CORRUPTION_CATEGORIES,
+    CORRUPTIONS,
+    EXTRA_CORRUPTIONS,
+    MISSING_CORRUPTIONS,
+    corrupt,
+)
 from .cr import read_cr
 from .dataset import ArrayDataset
 from .encoders import (
@@ -58,16 +65,20 @@ __all__ = [
     "CIFAR10_MEAN",
     "CIFAR10_STD",
     "COLA_CLASSES",
+    "CORRUPTIONS",
+    "CORRUPTION_CATEGORIES",
     "COLA_FILES",
     "DATASETS",
     "DataBundle",
     "DatasetSpec",
     "ENCODER_KINDS",
+    "EXTRA_CORRUPTIONS",
     "HFTokenEncoder",
     "IMAGE_EXTENSIONS",
     "IMDB_CLASSES",
     "ImageEncoder",
     "InputEncoder",
+    "MISSING_CORRUPTIONS",
     "LearnedTextEncoder",
     "MiniLMEncoder",
     "MiniLMTextEncoder",
@@ -79,6 +90,7 @@ __all__ = [
     "augment",
     "bundled_cola_root",
     "check_labels",
+    "corrupt",
     "cut",
     "data_fingerprint",
     "decode_jpeg_array",

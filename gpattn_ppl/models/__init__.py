@@ -3,7 +3,7 @@
 from .build import assemble_model, build_model
 from .classifier import TransformerClassifier, resolve_block_attention
 from .hf import FREEZE, POOLING, HFClassifier, load_hf_encoder
-from .host import AttentionHost
+from .host import AttentionHost, PrefixCache
 from .spec import (
     MODEL_SCHEMA,
     ConfigError,
@@ -31,7 +31,7 @@ from .text import TextClassifier
 from .vit import ViTClassifier
 
 __all__ = ["AttentionHost", "AttentionLayer", "BertAttentionAdapter", "ConfigError", "FREEZE",
-           "HFClassifier", "SelfAttentionAdapter",
+           "HFClassifier", "PrefixCache", "SelfAttentionAdapter",
            "HOSTS",
            "MODEL_SCHEMA", "MultiheadAttentionAdapter", "Option", "POOLING", "TextClassifier", "TransformerClassifier",
            "ViTClassifier", "assemble_model", "attention_units", "build_model", "calibrate_swapped", "check_model", "check_section",

@@ -94,7 +94,8 @@ def test_all_is_complete():
     for name in data.__all__:
         assert hasattr(data, name), name
     for module in ("batch", "dataset", "tokenizer", "pretrained", "cola", "imdb", "cr", "cifar",
-                   "registry", "load", "splits", "tabular", "image_folder", "encoders", "vision_ood"):
+                   "registry", "load", "splits", "tabular", "image_folder", "encoders", "vision_ood",
+                   "corruptions"):
         mod = importlib.import_module(f"gpattn_ppl.data.{module}")
         public = {n for n in vars(mod) if not n.startswith("_")
                   and getattr(getattr(mod, n), "__module__", None) == mod.__name__}

@@ -1,0 +1,75 @@
+"""CIFAR-scale common corruptions: determinism, effect, shapes, severity ordering, errors."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import ndimage
+
+from gpattn_ppl.data.corruptions import CORRUPTION_CATEGORIES, CORRUPTIONS, corrupt
+
+#: corruptions whose benchmark parameters do not grow the pixel distance with the severity:
+#: glass blur mixes sigma and iterations, elastic trades the affine part for the displacement,
+#: saturate first desaturates (severities 1-2) then oversaturates (3-5)
+NOT_MONOTONE = {"glass_blur", "elastic_transform", "saturate"}
+
+
+@pytest.fixture(scope="module")
+def images():
+    """8 smooth random colour images with edges (natural-image-like), [8, 3, 32, 32] uint8."""
+    g = np.random.default_rng(0)
+    x = ndimage.gaussian_filter(g.uniform(0, 255, (8, 32, 32, 3)), (0, 2, 2, 0))
+    x[:, 10:20, 5:25] += 60                                            # a bright rectangle
+    x = np.clip((x - x.mean()) * 3 + 128, 0, 255).astype(np.uint8)
+    return torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPTIONS))
+def test_deterministic_changes_the_image_and_keeps_shape(images, name):
+    a = corrupt(images, name, 3, seed=1)
+    assert a.dtype == torch.uint8 and a.shape == images.shape
+    assert torch.equal(a, corrupt(images, name, 3, seed=1))
+    assert not torch.equal(a, images)
+    d = (a.float() - images.float()).abs().mean()
+    assert d > 0.5, (name, float(d))
+
+
+@pytest.mark.parametrize("name", sorted(set(CORRUPTIONS) - NOT_MONOTONE))
+def test_severity_increases_the_distance(images, name):
+    dist = [float((corrupt(images, name, s, seed=0).float() - images.float()).abs().mean())
+            for s in range(1, 6)]
+    assert all(b >= a - 0.05 * a for a, b in zip(dist, dist[1:])), (name, dist)
+    assert dist[-1] > dist[0], (name, dist)
+
+
+def test_random_corruptions_depend_on_the_seed(images):
+    for name in ("gaussian_noise", "impulse_noise", "glass_blur", "motion_blur", "fog",
+                 "elastic_transform"):
+        assert not torch.equal(corrupt(images, name, 4, seed=0), corrupt(images, name, 4, seed=1))
+
+
+def test_known_values():
+    flat = torch.full((4, 3, 32, 32), 100, dtype=torch.uint8)
+    # contrast keeps the per-image mean; brightness raises V by c (0.3 at severity 5)
+    assert torch.equal(corrupt(flat, "contrast", 5), flat)
+    v = corrupt(flat, "brightness", 5).float().max() / 255
+    assert abs(float(v) - (100 / 255 + 0.3)) < 1 / 255
+    # Gaussian noise of sd 0.10 at severity 5, in [0, 1] units
+    sd = (corrupt(flat, "gaussian_noise", 5).float() / 255).std()
+    assert abs(float(sd) - 0.10) < 0.005
+    # impulse noise: a fraction 0.07 of the values at 0 or 255
+    x = corrupt(flat, "impulse_noise", 5)
+    frac = float(((x == 0) | (x == 255)).float().mean())
+    assert abs(frac - 0.07) < 0.01
+    # blurs keep a flat image flat
+    for name in ("gaussian_blur", "defocus_blur", "zoom_blur", "motion_blur"):
+        assert torch.equal(corrupt(flat, name, 3), flat), name
+
+
+def test_categories_and_errors(images):
+    assert sum(len(v) for v in CORRUPTION_CATEGORIES.values()) == 13
+    with pytest.raises(ValueError, match="unknown corruption 'rain'; allowed"):
+        corrupt(images, "rain", 1)
+    with pytest.raises(ValueError, match="severity must be"):
+        corrupt(images, "fog", 6)
+    with pytest.raises(ValueError, match=r"expected images \[n, 3, H, W\] uint8"):
+        corrupt(images.float(), "fog", 1)
