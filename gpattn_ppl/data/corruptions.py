@@ -14,8 +14,11 @@ images. Where the original used OpenCV or ImageMagick we use the equivalent oper
 * ``elastic_transform``: the random affine map and the smoothed displacement field resampled
   with ``scipy.ndimage`` (bilinear, edges reflected).
 
-Not here yet: ``frost`` (needs the benchmark's frost photographs), ``snow`` and ``spatter``
-(the extra corruption ``spatter`` uses OpenCV's Canny and distance transform).
+* ``snow``: the same motion kernel on the flake layer, OpenCV's RGB-to-grey weights;
+* ``frost``: the benchmark's frost photographs, read from the data files of the
+  ``imagecorruptions`` package (the ``vision`` extra) without importing it.
+
+Not here yet: the extra corruption ``spatter`` (OpenCV's Canny and distance transform).
 
 >>> import torch
 >>> x = torch.full((2, 3, 32, 32), 128, dtype=torch.uint8)
@@ -199,6 +202,69 @@ def _fog(x, s, rng):
     return out
 
 
+def _gray(x: np.ndarray) -> np.ndarray:
+    """Luma of ``[..., 3]`` RGB (ITU-R 601, as OpenCV's RGB2GRAY), keeping a channel axis."""
+    return (x @ np.array([0.299, 0.587, 0.114]))[..., None]
+
+
+def _snow(x, s, rng):
+    """A thresholded, zoomed Gaussian layer of flakes, motion-blurred along an angle in
+    [-135°, -45°], added twice (once rotated by 180°) to the image pulled towards its
+    brightened grey version."""
+    loc, scale, zoom, thresh, radius, sigma, blend = [
+        (0.1, 0.2, 1, 0.6, 8, 3, 0.95), (0.1, 0.2, 1, 0.5, 10, 4, 0.9),
+        (0.15, 0.3, 1.75, 0.55, 10, 4, 0.9), (0.25, 0.3, 2.25, 0.6, 12, 6, 0.85),
+        (0.3, 0.3, 1.25, 0.65, 14, 12, 0.8)][s - 1]
+    n, H = x.shape[:2]
+    out = np.empty_like(x)
+    for i in range(n):
+        layer = _clipped_zoom(rng.normal(loc, scale, (H, H, 1)), zoom)
+        layer[layer < thresh] = 0
+        layer = np.floor(np.clip(layer, 0, 1) * 255) / 255          # the uint8 round trip
+        flakes = np.zeros_like(layer)
+        for w, dy, dx in _motion_kernel(radius, sigma, rng.uniform(-135, -45)):
+            flakes += w * _shift(layer, dy, dx)
+        img = blend * x[i] + (1 - blend) * np.maximum(x[i], _gray(x[i]) * 1.5 + 0.5)
+        out[i] = img + flakes + np.rot90(flakes, k=2)
+    return out
+
+
+def _frost_images() -> list[np.ndarray]:
+    """The benchmark's frost photographs, from the ``imagecorruptions`` package's data (found
+    without importing it: its import needs OpenCV), as RGB arrays in [0, 255]."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("imagecorruptions")
+    folder = None if spec is None or not spec.submodule_search_locations else \
+        Path(list(spec.submodule_search_locations)[0]) / "frost"
+    names = ["frost1.png", "frost2.png", "frost3.png", "frost4.jpg", "frost5.jpg"]
+    if folder is None or not all((folder / f).is_file() for f in names):
+        raise ImportError('frost needs the benchmark\'s frost photographs from the vision '
+                          'extra: pip install "gpattn-ppl[vision]" (package imagecorruptions)')
+    return [np.asarray(Image.open(folder / f).convert("RGB"), dtype=np.float64) for f in names]
+
+
+def _frost(x, s, rng):
+    """``a x + b F`` with ``F`` a random 32 x 32 crop of one of five frost photographs scaled
+    by 0.2 (bilinear), in [0, 255] units."""
+    a, b = [(1, 0.2), (1, 0.3), (0.9, 0.4), (0.85, 0.4), (0.75, 0.45)][s - 1]
+    photos = []
+    for im in _frost_images():
+        h, w = im.shape[:2]
+        small = Image.fromarray(im.astype(np.uint8)).resize(
+            (round(w * 0.2), round(h * 0.2)), Image.Resampling.BILINEAR)
+        photos.append(np.asarray(small, dtype=np.float64) / 255)
+    n, H = x.shape[:2]
+    out = np.empty_like(x)
+    for i in range(n):
+        f = photos[rng.integers(len(photos))]
+        top = rng.integers(0, f.shape[0] - H)
+        left = rng.integers(0, f.shape[1] - H)
+        out[i] = a * x[i] + b * f[top:top + H, left:left + H]
+    return out
+
+
 # -- digital ------------------------------------------------------------------------------------
 
 def _contrast(x, s, rng):
@@ -291,13 +357,13 @@ def _elastic_transform(x, s, rng):
 CORRUPTION_CATEGORIES: dict[str, tuple[str, ...]] = {
     "noise": ("gaussian_noise", "shot_noise", "impulse_noise"),
     "blur": ("defocus_blur", "glass_blur", "motion_blur", "zoom_blur"),
-    "weather": ("fog", "brightness"),                  # snow, frost: not yet
+    "weather": ("snow", "frost", "fog", "brightness"),
     "digital": ("contrast", "elastic_transform", "pixelate", "jpeg_compression"),
 }
 #: the benchmark's 4 extra corruptions implemented here (spatter: not yet)
 EXTRA_CORRUPTIONS = ("speckle_noise", "gaussian_blur", "saturate")
 #: the benchmark's corruptions not implemented yet
-MISSING_CORRUPTIONS = ("snow", "frost", "spatter")
+MISSING_CORRUPTIONS = ("spatter",)
 
 #: name -> ``fn(x [n, H, W, 3] float in [0, 1], severity, rng) -> same shape`` (unclipped)
 CORRUPTIONS = {name: globals()[f"_{name}"] for name in

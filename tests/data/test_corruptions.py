@@ -1,5 +1,7 @@
 """CIFAR-scale common corruptions: determinism, effect, shapes, severity ordering, errors."""
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -7,10 +9,19 @@ from scipy import ndimage
 
 from gpattn_ppl.data.corruptions import CORRUPTION_CATEGORIES, CORRUPTIONS, corrupt
 
+#: frost reads the benchmark's photographs from the imagecorruptions package (vision extra)
+HAVE_FROST = importlib.util.find_spec("imagecorruptions") is not None
+
+
+def _skip_frost(name):
+    if name == "frost" and not HAVE_FROST:
+        pytest.skip("frost needs the vision extra (imagecorruptions' frost photographs)")
+
 #: corruptions whose benchmark parameters do not grow the pixel distance with the severity:
 #: glass blur mixes sigma and iterations, elastic trades the affine part for the displacement,
-#: saturate first desaturates (severities 1-2) then oversaturates (3-5)
-NOT_MONOTONE = {"glass_blur", "elastic_transform", "saturate"}
+#: saturate first desaturates (severities 1-2) then oversaturates (3-5), frost scales the
+#: image down (0.9, 0.85, 0.75) while the frost weight stays at 0.4 from severity 3 on
+NOT_MONOTONE = {"glass_blur", "elastic_transform", "saturate", "frost"}
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +36,7 @@ def images():
 
 @pytest.mark.parametrize("name", sorted(CORRUPTIONS))
 def test_deterministic_changes_the_image_and_keeps_shape(images, name):
+    _skip_frost(name)
     a = corrupt(images, name, 3, seed=1)
     assert a.dtype == torch.uint8 and a.shape == images.shape
     assert torch.equal(a, corrupt(images, name, 3, seed=1))
@@ -35,6 +47,7 @@ def test_deterministic_changes_the_image_and_keeps_shape(images, name):
 
 @pytest.mark.parametrize("name", sorted(set(CORRUPTIONS) - NOT_MONOTONE))
 def test_severity_increases_the_distance(images, name):
+    _skip_frost(name)
     dist = [float((corrupt(images, name, s, seed=0).float() - images.float()).abs().mean())
             for s in range(1, 6)]
     assert all(b >= a - 0.05 * a for a, b in zip(dist, dist[1:])), (name, dist)
@@ -43,7 +56,7 @@ def test_severity_increases_the_distance(images, name):
 
 def test_random_corruptions_depend_on_the_seed(images):
     for name in ("gaussian_noise", "impulse_noise", "glass_blur", "motion_blur", "fog",
-                 "elastic_transform"):
+                 "elastic_transform", "snow"):
         assert not torch.equal(corrupt(images, name, 4, seed=0), corrupt(images, name, 4, seed=1))
 
 
@@ -65,8 +78,14 @@ def test_known_values():
         assert torch.equal(corrupt(flat, name, 3), flat), name
 
 
+def test_frost_without_the_extra_names_it(images, monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match=r"gpattn-ppl\[vision\]"):
+        corrupt(images, "frost", 1)
+
+
 def test_categories_and_errors(images):
-    assert sum(len(v) for v in CORRUPTION_CATEGORIES.values()) == 13
+    assert sum(len(v) for v in CORRUPTION_CATEGORIES.values()) == 15
     with pytest.raises(ValueError, match="unknown corruption 'rain'; allowed"):
         corrupt(images, "rain", 1)
     with pytest.raises(ValueError, match="severity must be"):
