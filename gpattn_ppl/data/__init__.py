@@ -29,6 +29,8 @@ from .corruptions import (
     EXTRA_CORRUPTIONS,
     MISSING_CORRUPTIONS,
     corrupt,
+    corrupted_sets,
+    parse_corruption_sets,
 )
 from .cr import read_cr
 from .dataset import ArrayDataset
@@ -91,6 +93,7 @@ __all__ = [
     "bundled_cola_root",
     "check_labels",
     "corrupt",
+    "corrupted_sets",
     "cut",
     "data_fingerprint",
     "decode_jpeg_array",
@@ -100,6 +103,7 @@ __all__ = [
     "load_tokenizer",
     "noise_images",
     "official_split",
+    "parse_corruption_sets",
     "photo_patches",
     "pool",
     "read_cifar10",

@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from ..errors import DataError
+from .corruptions import corrupted_sets, parse_corruption_sets
 from .registry import RawData, register_dataset
 from .splits import cut, seeded_permutation
 from .vision_ood import vision_ood_sets
@@ -157,8 +158,10 @@ def read_cifar10(root: str | Path, *, cache_dir: str | Path | None = None
     return out
 
 
-@register_dataset("cifar10", protocols=("official",), modality="image", select_metric="acc")
-def _build_cifar10(*, protocol: str, root, split_seed: int, cache_dir) -> RawData:
+@register_dataset("cifar10", protocols=("official",), modality="image", select_metric="acc",
+                  options=("corruptions",))
+def _build_cifar10(*, protocol: str, root, split_seed: int, cache_dir,
+                   corruptions=None) -> RawData:
     if root is None:
         raise ValueError("cifar10 needs root=PATH: a folder with train.npz.xz + test.npz.xz or "
                          "cifar-10-batches-py/ (nothing is downloaded)")
@@ -170,6 +173,10 @@ def _build_cifar10(*, protocol: str, root, split_seed: int, cache_dir) -> RawDat
     splits["test"] = torch.arange(n_tr, n)
     # OOD sets that need no download (vision_ood.py; seed 0 whatever the split seed)
     ood = vision_ood_sets(size=tr_x.shape[-1], seed=0)
+    # CIFAR-10-C regenerated from the test images (labelled shift sets, cached on disk)
+    if corruptions is not None:
+        ood |= corrupted_sets(te_x, te_y, parse_corruption_sets(corruptions), seed=0,
+                              cache_dir=cache_dir)
     return RawData(torch.cat([tr_x, te_x]), torch.cat([tr_y, te_y]), splits, ood, 10,
                    {"source": str(Path(root)),
                     "split": "train/val = seeded 90/10 of the official train; test = official",

@@ -37,8 +37,8 @@ import torch
 from PIL import Image
 from scipy import ndimage
 
-__all__ = ["CORRUPTIONS", "CORRUPTION_CATEGORIES", "EXTRA_CORRUPTIONS", "MISSING_CORRUPTIONS",
-           "corrupt"]
+__all__ = ["CORRUPTIONS", "CORRUPTION_CATEGORIES", "EXTRA_CORRUPTIONS",
+           "MISSING_CORRUPTIONS", "corrupt", "corrupted_sets", "parse_corruption_sets"]
 
 
 def _gaussian(x: np.ndarray, sigma: float) -> np.ndarray:
@@ -391,3 +391,68 @@ def corrupt(images: torch.Tensor, name: str, severity: int, seed: int = 0) -> to
     y = CORRUPTIONS[name](x, severity, rng)
     out = np.clip(np.round(np.clip(y, 0, 1) * 255), 0, 255).astype(np.uint8)
     return torch.from_numpy(np.ascontiguousarray(out.transpose(0, 3, 1, 2)))
+
+
+#: format version of the cached corrupted sets (bump when a corruption changes)
+_CACHE_VERSION = 1
+
+
+def parse_corruption_sets(spec) -> list[tuple[str, int]]:
+    """``(name, severity)`` pairs from a ``data.corruptions`` value: ``"all"`` (every implemented
+    corruption at every severity), ``"severity5"`` (every one at 5), or a list of
+    ``"<name>:<severity>"`` / ``"<name>"`` (all five severities) strings.
+
+    :raises ValueError: an unknown name or severity, or another kind of value.
+    """
+    names = [n for names in CORRUPTION_CATEGORIES.values() for n in names] + \
+        list(EXTRA_CORRUPTIONS)
+    if spec == "all":
+        return [(n, s) for n in names for s in range(1, 6)]
+    if spec == "severity5":
+        return [(n, 5) for n in names]
+    if isinstance(spec, str) or not isinstance(spec, (list, tuple)):
+        raise ValueError(f"data.corruptions: expected 'all', 'severity5' or a list of "
+                         f"'<name>:<severity>', got {spec!r}")
+    out = []
+    for item in spec:
+        name, _, sev = str(item).partition(":")
+        if name not in CORRUPTIONS:
+            raise ValueError(f"data.corruptions: unknown corruption {name!r}; allowed: "
+                             f"{', '.join(sorted(CORRUPTIONS))}")
+        if sev and sev not in ("1", "2", "3", "4", "5"):
+            raise ValueError(f"data.corruptions: severity {sev!r} of {item!r} is not 1-5")
+        out += [(name, int(sev))] if sev else [(name, s) for s in range(1, 6)]
+    return out
+
+
+def corrupted_sets(images: torch.Tensor, labels: torch.Tensor, pairs, *, seed: int = 0,
+                   cache_dir=None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``"cifar10c:<name>:<severity>" -> (corrupted images, labels)`` for ``pairs``.
+
+    Each set is cached as ``.npy`` under ``cache_dir`` (keyed by a hash of the clean images,
+    the corruption, the severity, the seed and the cache version; written atomically), so it
+    is generated once per machine.
+    """
+    import hashlib
+    import os
+    from pathlib import Path
+
+    digest = hashlib.sha256(images.numpy().tobytes()).hexdigest()[:16]
+    out = {}
+    for name, sev in pairs:
+        key = f"cifar10c:{name}:{sev}"
+        path = None
+        if cache_dir is not None:
+            path = Path(cache_dir) / f"c10c_v{_CACHE_VERSION}_{digest}_{name}_{sev}_s{seed}.npy"
+            if path.is_file():
+                out[key] = (torch.from_numpy(np.load(path)), labels)
+                continue
+        x = corrupt(images, name, sev, seed=seed)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            with open(tmp, "wb") as fh:
+                np.save(fh, x.numpy())
+            os.replace(tmp, path)
+        out[key] = (x, labels)
+    return out

@@ -117,6 +117,15 @@ def _check_ood_sets(value: list, where: str) -> None:
                               f"{type(item).__name__} {item!r}")
 
 
+def _check_corruptions(value, where: str) -> None:
+    from ..data.corruptions import parse_corruption_sets
+
+    try:
+        parse_corruption_sets(value)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {str(err).split(': ', 1)[1]}") from None
+
+
 def _seed(default: int = 0) -> Option:
     return Option(int, default, low=0, high=MAX_SEED)
 
@@ -145,6 +154,8 @@ SCHEMA: dict[str, Any] = {
         "train_dir": Option((str, _NONE), None), "val_dir": Option((str, _NONE), None),
         "test_dir": Option((str, _NONE), None), "ood_dirs": Option((dict, _NONE), None),
         "image_size": _positive((int, _NONE)),
+        # option of cifar10: CIFAR-10-C shift sets ("all", "severity5" or ["fog:5", ...])
+        "corruptions": Option((str, list, _NONE), None, check=_check_corruptions),
     },
     "train": {
         "epochs": _positive(default=50), "lr": Option(_NUM, 5e-4, low=0, low_open=True),
@@ -206,7 +217,7 @@ def _check_data(d: dict) -> None:
 DATA_OPTIONS = ("protocol", "root", "cache_dir", "limit_train", "limit_eval", "cr_root",
                 "train_file", "val_file", "test_file", "ood_files", "text_column",
                 "label_column", "delimiter", "train_dir", "val_dir", "test_dir", "ood_dirs",
-                "image_size")
+                "image_size", "corruptions")
 _COMMON_DATA_OPTIONS = ("protocol", "root", "cache_dir", "limit_train", "limit_eval")
 
 

@@ -191,3 +191,41 @@ def test_normalize_and_black_padding():
     a = augment(norm(img), torch.Generator().manual_seed(0), fill=norm.black)
     b = norm(augment(img, torch.Generator().manual_seed(0), fill=0))
     assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_cifar10c_shift_sets_are_generated_labelled_and_cached(tmp_path):
+    from gpattn_ppl.data import corrupt
+
+    root = _make_npz_xz(tmp_path / "c")
+    cache = tmp_path / "cache"
+    b = load_data("cifar10", root=str(root), cache_dir=str(cache),
+                  corruptions=["fog:5", "gaussian_noise:1"])
+    assert {"cifar10c:fog:5", "cifar10c:gaussian_noise:1"} <= set(b.ood)
+    fog = b.ood["cifar10c:fog:5"]
+    torch.testing.assert_close(fog.y, b.test.y)                     # the test labels
+    test_x = read_cifar10(root)["test"][0]
+    torch.testing.assert_close(fog.x, corrupt(test_x, "fog", 5, seed=0))
+    files = sorted(cache.glob("c10c_*.npy"))
+    assert len(files) == 2
+    mtimes = [f.stat().st_mtime_ns for f in files]
+    again = load_data("cifar10", root=str(root), cache_dir=str(cache), corruptions=["fog:5"])
+    torch.testing.assert_close(again.ood["cifar10c:fog:5"].x, fog.x)
+    assert [f.stat().st_mtime_ns for f in files] == mtimes           # read, not rewritten
+
+
+def test_corruption_specs():
+    from gpattn_ppl.data import CORRUPTIONS, parse_corruption_sets
+    from gpattn_ppl.run.config import ConfigError, load_config
+
+    assert len(parse_corruption_sets("all")) == 5 * len(CORRUPTIONS)
+    assert parse_corruption_sets(["fog"]) == [("fog", s) for s in range(1, 6)]
+    assert parse_corruption_sets("severity5")[0][1] == 5
+    with pytest.raises(ValueError, match="unknown corruption 'rain'"):
+        parse_corruption_sets(["rain:1"])
+    with pytest.raises(ValueError, match="severity '7'"):
+        parse_corruption_sets(["fog:7"])
+    with pytest.raises(ConfigError, match="data.corruptions: unknown corruption"):
+        load_config({"data": {"name": "cifar10", "root": "x", "corruptions": ["rain"]},
+                     "model": {"arch": "vit"}})
+    with pytest.raises(ConfigError, match="data.corruptions: not an option of dataset 'cola'"):
+        load_config({"data": {"corruptions": "all"}})
