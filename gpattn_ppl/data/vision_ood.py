@@ -1,18 +1,19 @@
 """Image OOD sets that need no download, at CIFAR scale (``[n, 3, 32, 32]`` uint8, unlabelled).
 
-================  ==========================================================================
-name              what and where from (provenance)
-================  ==========================================================================
-``digits``        far OOD: the 1,797 8x8 handwritten digits bundled with scikit-learn
-                  (``sklearn.datasets.load_digits``: UCI ML hand-written digits, 16 grey
-                  levels), scaled to 0-255, upsampled bicubically to 32x32 (Pillow), grey
-                  copied to the three channels
-``photo_patches`` texture / natural patches: seeded square crops (side 32-128 pixels) of the
-                  two photographs bundled with scikit-learn (``load_sample_images``:
-                  ``china.jpg`` and ``flower.jpg``, 427x640, CC-BY), resized to 32x32
-``gaussian_noise`` iid pixels :math:`\\mathcal N(128, 64^2)`, rounded and clipped to 0-255, seeded
-``uniform_noise`` iid pixels uniform on 0-255, seeded
-================  ==========================================================================
+====================  ==========================================================================
+name                  what and where from (provenance)
+====================  ==========================================================================
+``digits``            far OOD: the 1,797 8x8 handwritten digits bundled with scikit-learn
+                      (``sklearn.datasets.load_digits``: UCI ML hand-written digits, 16 grey
+                      levels), scaled to 0-255, upsampled bicubically to 32x32 (Pillow), grey
+                      copied to the three channels
+``photo_patches``     texture / natural patches: seeded square crops (side 32-128 pixels) of the
+                      two photographs bundled with scikit-learn (``load_sample_images``:
+                      ``china.jpg`` and ``flower.jpg``, 427x640, CC-BY), resized to 32x32
+``gaussian_noise``    iid pixels :math:`\\mathcal N(128, 64^2)`, rounded and clipped to 0-255,
+                      seeded
+``uniform_noise``     iid pixels uniform on 0-255, seeded
+====================  ==========================================================================
 
 Every set is deterministic under its seed. Labels are ``-1`` (unlabelled): the OOD report
 scores detection only.
