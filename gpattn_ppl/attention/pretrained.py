@@ -304,28 +304,30 @@ def _shrink_noise(unit, w: SoftmaxWeights, x, mask, v_rows: slice) -> float:
 
 # -- rules --------------------------------------------------------------------------------------
 
+def _copy_qkv(unit, w: SoftmaxWeights, q_scale: float) -> None:
+    """The fused ``qkv`` (weights and biases) of a unit with softmax-shaped projections, the
+    queries (weight and bias) scaled by ``q_scale``, and ``W_O``, ``b_O`` as they are."""
+    C = unit.dim
+    unit.qkv.weight.copy_(torch.cat([w.q_weight * q_scale, w.k_weight, w.v_weight]))
+    for i, b in enumerate((w.q_bias, w.k_bias, w.v_bias)):
+        if b is None:
+            unit.qkv.bias[i * C:(i + 1) * C].zero_()
+        else:
+            unit.qkv.bias[i * C:(i + 1) * C].copy_(b * q_scale if i == 0 else b)
+    _copy_out(unit, w, fold_value_bias=False)
+
+
 @register_pretrained_init(SoftmaxAttention)
 def _softmax(unit: SoftmaxAttention, w: SoftmaxWeights, x, mask) -> dict:
-    C = unit.dim
-    unit.qkv.weight.copy_(torch.cat([w.q_weight, w.k_weight, w.v_weight]))
-    for i, b in enumerate((w.q_bias, w.k_bias, w.v_bias)):
-        unit.qkv.bias[i * C:(i + 1) * C].copy_(b if b is not None else 0.0)
-    if abs(w.scale - 1.0 / math.sqrt(unit.head_dim)) > 1e-12:      # fold a non-standard scale
-        rescale = w.scale * math.sqrt(unit.head_dim)
-        unit.qkv.weight[:C].mul_(rescale)
-        unit.qkv.bias[:C].mul_(rescale)
-    _copy_out(unit, w, fold_value_bias=False)
+    # the unit scales by 1/sqrt(D): a non-standard scale s is folded into the queries
+    _copy_qkv(unit, w, w.scale * math.sqrt(unit.head_dim))
     return {"copied": ["W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_O", "b_O"], "fitted": [],
             "not_carried": []}
 
 
 @register_pretrained_init(GumbelAttention)
 def _gumbel(unit: GumbelAttention, w: SoftmaxWeights, x, mask) -> dict:
-    C = unit.dim
-    unit.qkv.weight.copy_(torch.cat([w.q_weight * w.scale, w.k_weight, w.v_weight]))
-    for i, b in enumerate((None if w.q_bias is None else w.q_bias * w.scale, w.k_bias, w.v_bias)):
-        unit.qkv.bias[i * C:(i + 1) * C].copy_(b if b is not None else 0.0)
-    _copy_out(unit, w, fold_value_bias=False)
+    _copy_qkv(unit, w, w.scale)       # no 1/sqrt(D) in the unit: tau takes its place
     return {"copied": ["W_q (x 1/sqrt(D))", "b_q (x 1/sqrt(D))", "W_k", "b_k", "W_v", "b_v",
                        "W_O", "b_O"], "fitted": [], "not_carried": []}
 
