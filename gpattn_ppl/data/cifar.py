@@ -20,7 +20,7 @@ from PIL import Image
 from ..errors import DataError
 from .corruptions import corrupted_sets, parse_corruption_sets
 from .registry import RawData, register_dataset
-from .splits import cut, seeded_permutation
+from .splits import cut, seeded_permutation, stratified_subset
 from .vision_ood import vision_ood_sets
 
 __all__ = ["CIFAR10_CLASSES", "CIFAR10_MEAN", "CIFAR10_STD", "Normalize", "augment",
@@ -159,9 +159,9 @@ def read_cifar10(root: str | Path, *, cache_dir: str | Path | None = None
 
 
 @register_dataset("cifar10", protocols=("official",), modality="image", select_metric="acc",
-                  options=("corruptions",))
+                  options=("corruptions", "corruption_images"))
 def _build_cifar10(*, protocol: str, root, split_seed: int, cache_dir,
-                   corruptions=None) -> RawData:
+                   corruptions=None, corruption_images=None) -> RawData:
     if root is None:
         raise ValueError("cifar10 needs root=PATH: a folder with train.npz.xz + test.npz.xz or "
                          "cifar-10-batches-py/ (nothing is downloaded)")
@@ -174,8 +174,18 @@ def _build_cifar10(*, protocol: str, root, split_seed: int, cache_dir,
     # OOD sets that need no download (vision_ood.py; seed 0 whatever the split seed)
     ood = vision_ood_sets(size=tr_x.shape[-1], seed=0)
     # CIFAR-10-C regenerated from the test images (labelled shift sets, cached on disk)
+    # (on a seeded, label-stratified subset of ``corruption_images`` test images when set:
+    # the same images for every corruption and severity)
     if corruptions is not None:
-        ood |= corrupted_sets(te_x, te_y, parse_corruption_sets(corruptions), seed=0,
+        c_x, c_y = te_x, te_y
+        if corruption_images is not None:
+            if isinstance(corruption_images, bool) or not isinstance(corruption_images, int) \
+                    or not 1 <= corruption_images <= len(te_y):
+                raise ValueError(f"corruption_images must be an integer in 1..{len(te_y)} (the "
+                                 f"test images), got {corruption_images!r}")
+            keep = stratified_subset(te_y, corruption_images, seed=0)
+            c_x, c_y = te_x[keep], te_y[keep]
+        ood |= corrupted_sets(c_x, c_y, parse_corruption_sets(corruptions), seed=0,
                               cache_dir=cache_dir)
     return RawData(torch.cat([tr_x, te_x]), torch.cat([tr_y, te_y]), splits, ood, 10,
                    {"source": str(Path(root)),

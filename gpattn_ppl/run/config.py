@@ -156,6 +156,8 @@ SCHEMA: dict[str, Any] = {
         "image_size": _positive((int, _NONE)),
         # option of cifar10: CIFAR-10-C shift sets ("all", "severity5" or ["fog:5", ...])
         "corruptions": Option((str, list, _NONE), None, check=_check_corruptions),
+        # ... applied to a seeded, label-stratified subset of this many test images (None: all)
+        "corruption_images": _positive((int, _NONE)),
     },
     "train": {
         "epochs": _positive(default=50), "lr": Option(_NUM, 5e-4, low=0, low_open=True),
@@ -217,7 +219,7 @@ def _check_data(d: dict) -> None:
 DATA_OPTIONS = ("protocol", "root", "cache_dir", "limit_train", "limit_eval", "cr_root",
                 "train_file", "val_file", "test_file", "ood_files", "text_column",
                 "label_column", "delimiter", "train_dir", "val_dir", "test_dir", "ood_dirs",
-                "image_size", "corruptions")
+                "image_size", "corruptions", "corruption_images")
 _COMMON_DATA_OPTIONS = ("protocol", "root", "cache_dir", "limit_train", "limit_eval")
 
 

@@ -213,6 +213,25 @@ def test_cifar10c_shift_sets_are_generated_labelled_and_cached(tmp_path):
     assert [f.stat().st_mtime_ns for f in files] == mtimes           # read, not rewritten
 
 
+def test_corruptions_on_a_subset_of_the_test_images(tmp_path):
+    from gpattn_ppl.data import corrupt
+
+    root = _make_npz_xz(tmp_path / "c")
+    full = load_data("cifar10", root=str(root))
+    b = load_data("cifar10", root=str(root), corruptions=["contrast:2", "fog:1"],
+                  corruption_images=6)
+    fog, contrast = b.ood["cifar10c:fog:1"], b.ood["cifar10c:contrast:2"]
+    assert len(fog) == len(contrast) == 6 and len(b.test) == len(full.test)   # test: all of it
+    torch.testing.assert_close(fog.y, contrast.y)            # the same images for every set
+    # contrast has no randomness: each corrupted image is one test image's, with its label
+    test_x, test_y = read_cifar10(root)["test"]
+    each = corrupt(test_x, "contrast", 2)
+    rows = [next(i for i in range(len(test_y)) if torch.equal(each[i], c)) for c in contrast.x]
+    assert len(set(rows)) == 6 and torch.equal(test_y[rows], contrast.y)
+    with pytest.raises(ValueError, match=r"corruption_images must be an integer in 1\.\.10"):
+        load_data("cifar10", root=str(root), corruptions=["fog:1"], corruption_images=11)
+
+
 def test_corruption_specs():
     from gpattn_ppl.data import CORRUPTIONS, parse_corruption_sets
     from gpattn_ppl.run.config import ConfigError, load_config
