@@ -16,6 +16,7 @@ Usage::
     python experiments/evidence.py cola_minilm --out runs/evidence_cola_minilm
     python experiments/evidence.py imdb_cr --out runs/evidence_imdb_cr     # from the repository root
     python experiments/evidence.py cola_finetune --out runs/finetune_cola  # issue 12
+    python experiments/evidence.py cifar10 --out runs/evidence_cifar10     # issue 14
     python experiments/evidence.py cola --out /tmp/ev --seeds 0 --ensemble 0 --set train.epochs=1
 """
 
@@ -33,11 +34,19 @@ from gpattn_ppl.run.compare import (
     write_table,
 )
 from gpattn_ppl.run.config import load_config
+from gpattn_ppl.run.shift_report import (
+    format_ood_markdown,
+    format_shift_markdown,
+    ood_rows,
+    severity_plots,
+    shift_rows,
+)
 
 ROOT = Path(__file__).resolve().parent
 COLA = ROOT / "configs" / "cola"
 IMDB = ROOT / "configs" / "imdb"
 FINETUNE = ROOT / "configs" / "cola_finetune"
+CIFAR = ROOT / "configs" / "cifar10"
 
 #: task -> (method -> config file), the settings every run of the task gets, and a description
 TASKS: dict[str, dict] = {
@@ -77,6 +86,19 @@ TASKS: dict[str, dict] = {
                  "the demo's backbone (C = 64, MLP 128, batch 64, Adam 2e-3) for 6 epochs "
                  "(0.5 warm-up)",
         "metric": "mcc",
+    },
+    "cifar10": {   # issue 14: the CPU preset (experiments/configs/cifar10/<method>.yaml)
+        "methods": {m: CIFAR / f"{m}.yaml" for m in (
+            "softmax", "mc_dropout", "kernel_asym", "kernel_sym", "sgpa", "kep_svgp", "cgpt",
+            "scgpt", "gumbel", "h_gumbel")},
+        "settings": [],
+        "about": "CIFAR-10, CPU preset: ViT 3 blocks (patch 4, C = 128, 4 heads, MLP 128), a "
+                 "15,000-image training subset, 8 epochs, batch 128; GP / stochastic units in "
+                 "the last block; test = the 10,000 official test images",
+        "metric": "acc",
+        # shift and OOD tables (shift.md, ood.md) and the metric-vs-severity plots
+        "ood_sets": ["digits", "photo_patches", "gaussian_noise", "uniform_noise",
+                     "cifar10c:*:5"],
     },
     "cola_finetune": {   # issue 12: units swapped into a pretrained encoder
         "methods": {m: FINETUNE / f"{m}.yaml" for m in (
@@ -145,10 +167,25 @@ def main(argv: list[str] | None = None) -> None:
     write_table(rows, out)
     print(f"{task['about']}; seeds {' '.join(map(str, args.seeds))}\n")
     print(format_markdown(rows))
+    if task.get("ood_sets"):
+        shift_and_ood_tables(runs, task["ood_sets"], out)
     if "softmax" in runs:
         per_seed = per_seed_table(runs, args.seeds, task["metric"])
         (out / "per_seed.md").write_text(per_seed + "\n")
         print(f"\n{per_seed}")
+
+
+def shift_and_ood_tables(runs: dict[str, list[dict]], ood_sets: list[str], out: Path) -> None:
+    """``shift.md`` (CIFAR-10-C: the 15 x 5 means and CGPT's category means), ``ood.md`` (every
+    detector over ``ood_sets``) and ``<metric>_vs_severity.png`` under ``out``; printed too."""
+    rows = shift_rows(runs)
+    shift = format_shift_markdown(rows)
+    ood = format_ood_markdown(ood_rows(runs, ood_sets))
+    (out / "shift.md").write_text(shift + "\n")
+    (out / "ood.md").write_text(ood + "\n")
+    plots = severity_plots(rows, out)
+    print(f"\nCIFAR-10-C (regenerated)\n\n{shift}\n\nOOD detection (mean over "
+          f"{', '.join(ood_sets)})\n\n{ood}\n\nplots: {', '.join(str(p) for p in plots)}")
 
 
 def per_seed_table(runs: dict[str, list[dict]], seeds: list[int], metric: str) -> str:

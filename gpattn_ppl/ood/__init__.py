@@ -9,7 +9,7 @@ True
 
 from .report import ood_report
 from .scores import DETECTOR_NAMES, SCORE_NAMES, kl_matching_templates, ood_score
-from .shift import SHIFT_METRICS, shift_summary
+from .shift import CGPT_CATEGORIES, SHIFT_METRICS, shift_summary
 
-__all__ = ["DETECTOR_NAMES", "SCORE_NAMES", "SHIFT_METRICS", "kl_matching_templates", "ood_report",
-           "ood_score", "shift_summary"]
+__all__ = ["CGPT_CATEGORIES", "DETECTOR_NAMES", "SCORE_NAMES", "SHIFT_METRICS",
+           "kl_matching_templates", "ood_report", "ood_score", "shift_summary"]

@@ -4,17 +4,27 @@ A run evaluated with ``data.corruptions`` has one labelled shift set per corrupt
 severity in its results, ``results["ood"]["cifar10c:<name>:<severity>"]["classification"]``.
 :func:`shift_summary` arranges them: per set, per severity (mean over the corruption types),
 the KEP-SVGP summary (mean over the 15 benchmark types x 5 severities) and the CGPT category
-means (noise / blur / weather / digital, each over its types and the 5 severities).
+means (noise / blur / weather / digital, each over its types and the 5 severities; with
+``categories=CGPT_CATEGORIES``, over CGPT's 18 types).
 """
 
 from __future__ import annotations
 
 import statistics
 
-__all__ = ["SHIFT_METRICS", "shift_summary"]
+__all__ = ["CGPT_CATEGORIES", "SHIFT_METRICS", "shift_summary"]
 
 #: the metrics summarised (the keys of a classification report)
-SHIFT_METRICS = ("acc", "nll", "ece", "brier")
+SHIFT_METRICS = ("acc", "nll", "ece", "brier", "aurc")
+
+#: CGPT's categories (its Table II): the 18 released CIFAR-10-C types (the 15 + the 4 extra,
+#: without glass blur), each extra in the category of its family
+CGPT_CATEGORIES: dict[str, tuple[str, ...]] = {
+    "noise": ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise"),
+    "blur": ("defocus_blur", "motion_blur", "zoom_blur", "gaussian_blur"),
+    "weather": ("snow", "frost", "fog", "brightness", "spatter"),
+    "digital": ("contrast", "elastic_transform", "pixelate", "jpeg_compression", "saturate"),
+}
 
 
 def _parse(name: str) -> tuple[str, int] | None:

@@ -13,6 +13,8 @@
 * :mod:`~gpattn_ppl.run.runtime` -- device, DDP, seeding, peak memory;
 * :mod:`~gpattn_ppl.run.allocator` -- the process's allocator policy (keep freed memory);
 * :mod:`~gpattn_ppl.run.compare` -- configs x seeds -> the mean ± std table;
+* :mod:`~gpattn_ppl.run.shift_report` -- the CIFAR-10-C and OOD-detector tables over runs, and
+  the metric-vs-severity plots;
 * :mod:`~gpattn_ppl.run.demo` -- every registered unit on the bundled CoLA data;
 * :mod:`~gpattn_ppl.run.benchmarking`, :mod:`~gpattn_ppl.run.plotting` -- timings and figures;
 * :mod:`~gpattn_ppl.run.cli` -- the ``gpattn-ppl`` command.
@@ -50,6 +52,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                "config_differences", "holds_run", "read_manifest", "write_json_atomic"),
     "plotting": ("metric_vs_severity_plot", "ood_score_histogram", "plot_runs",
                  "reliability_diagram", "risk_coverage_plot"),
+    "shift_report": ("OOD_METRICS", "format_ood_markdown", "format_shift_markdown", "ood_rows",
+                     "severity_plots", "shift_rows"),
     "runtime": ("barrier", "init_distributed", "peak_memory_mb", "seed_everything",
                 "select_device"),
 }

@@ -193,8 +193,10 @@ def ensemble_results(run_dirs: list[Path], cfg: dict) -> dict:
         if name in ("test", "val"):
             continue
         op, ol, oy = pool(name)
-        out["ood"][name] = {"classification": classification_report(op, oy, logits=ol,
-                                                                    metrics=metrics),
+        labelled = bool((oy >= 0).all())          # unlabelled OOD sets: detection only
+        out["ood"][name] = {"classification": (classification_report(op, oy, logits=ol,
+                                                                     metrics=metrics)
+                                               if labelled else None),
                             "detection": ood_report(tp, tl, op, ol,
                                                     detectors=["max_softmax", "entropy"])}
     return out

