@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 from pathlib import Path
 
@@ -105,6 +106,7 @@ TASKS: dict[str, dict] = {
             "softmax", "mc_dropout", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel")},
         "settings": [],
         "ensemble": 0,
+        "match_epochs": True,   # epochs each unit needs to reach the host's validation MCC
         "about": "CoLA official protocol, all-MiniLM-L6-v2 fine-tuned end to end (max 64 word "
                  "pieces, batch 32, 3 epochs, AdamW: units and head 5e-4, encoder 3e-5); each "
                  "unit swapped into the last layer, initialised from it",
@@ -167,12 +169,43 @@ def main(argv: list[str] | None = None) -> None:
     write_table(rows, out)
     print(f"{task['about']}; seeds {' '.join(map(str, args.seeds))}\n")
     print(format_markdown(rows))
+    if task.get("match_epochs") and "softmax" in runs:
+        match = epochs_to_match(out, [m for m in runs if m != "softmax"], args.seeds)
+        (out / "epochs_to_match.md").write_text(match + "\n")
+        print(f"\n{match}")
     if task.get("ood_sets"):
         shift_and_ood_tables(runs, task["ood_sets"], out)
     if "softmax" in runs:
         per_seed = per_seed_table(runs, args.seeds, task["metric"])
         (out / "per_seed.md").write_text(per_seed + "\n")
         print(f"\n{per_seed}")
+
+
+def _val_curve(run_dir: Path) -> list[float]:
+    """Validation MCC after each epoch of one run (its ``log.csv``)."""
+    with open(run_dir / "log.csv", newline="") as fh:
+        return [float(row["val/mcc"]) for row in csv.DictReader(fh)]
+
+
+def epochs_to_match(out: Path, methods: list[str], seeds: list[int]) -> str:
+    """Per method and seed: the first epoch whose validation MCC reaches the best validation
+    MCC of the unswapped host (``softmax``, same seed), or ``> E`` when none of its E epochs
+    does; a markdown table."""
+    head = " | ".join(f"seed {s}" for s in seeds)
+    lines = [f"| method | {head} |", "|---|" + "---|" * len(seeds),
+             "| softmax (best val MCC, its epoch) | " + " | ".join(
+                 f"{max(c):.3f} (epoch {c.index(max(c)) + 1})"
+                 for c in (_val_curve(out / "softmax" / f"seed{s}") for s in seeds)) + " |"]
+    for m in methods:
+        cells = []
+        for s in seeds:
+            target = max(_val_curve(out / "softmax" / f"seed{s}"))
+            curve = _val_curve(out / m / f"seed{s}")
+            hit = next((e + 1 for e, v in enumerate(curve) if v >= target), None)
+            cells.append(f"{hit} ({curve[hit - 1]:.3f})" if hit else
+                         f"> {len(curve)} (best {max(curve):.3f})")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def shift_and_ood_tables(runs: dict[str, list[dict]], ood_sets: list[str], out: Path) -> None:
