@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
 from pathlib import Path
 
 from gpattn_ppl.run.compare import (
@@ -169,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     write_table(rows, out)
     print(f"{task['about']}; seeds {' '.join(map(str, args.seeds))}\n")
     print(format_markdown(rows))
+    cost = cost_table(runs)
+    (out / "cost.md").write_text(cost + "\n")
+    print(f"\n{cost}")
     if task.get("match_epochs") and "softmax" in runs:
         match = epochs_to_match(out, [m for m in runs if m != "softmax"], args.seeds)
         (out / "epochs_to_match.md").write_text(match + "\n")
@@ -179,6 +183,28 @@ def main(argv: list[str] | None = None) -> None:
         per_seed = per_seed_table(runs, args.seeds, task["metric"])
         (out / "per_seed.md").write_text(per_seed + "\n")
         print(f"\n{per_seed}")
+
+
+def cost_table(runs: dict[str, list[dict]]) -> str:
+    """Wall time per method, mean ± std over its runs: training seconds per epoch, the whole run
+    (training, validation after every epoch, the final evaluation with every OOD / shift set)
+    and that evaluation alone; ``–`` for runs of versions that did not time them."""
+    def cell(vals):
+        vals = [v for v in vals if isinstance(v, (int, float))]
+        if not vals:
+            return "–"
+        mean = statistics.fmean(vals)
+        return f"{mean:.0f}" + (f" ± {statistics.stdev(vals):.0f}" if len(vals) > 1 else "")
+    lines = ["| method | runs | s/epoch (training) | s per run (all) | s evaluation |",
+             "|---|---|---|---|---|"]
+    for method, results in runs.items():
+        if method.startswith("deep ensemble"):
+            continue
+        costs = [r.get("cost", {}) for r in results]
+        lines.append(f"| {method} | {len(results)} | "
+                     + " | ".join(cell([c.get(k) for c in costs]) for k in
+                                  ("sec_per_epoch", "run_seconds", "eval_seconds")) + " |")
+    return "\n".join(lines)
 
 
 def _val_curve(run_dir: Path) -> list[float]:

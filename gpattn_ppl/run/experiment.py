@@ -282,11 +282,14 @@ class Trainer:
                 train_stats = self.train_epoch(bar)
                 seconds = time.perf_counter() - start
                 reruns = train_stats.pop("checked_reruns", 0)
+                start = time.perf_counter()
                 val = self.validate()
+                val_seconds = time.perf_counter() - start
                 score = val[self.select_metric]
                 better = (self.best["score"] is None
                           or (score > self.best["score"] if higher else score < self.best["score"]))
-                row = {"epoch": self.epoch + 1, "seconds": seconds, "lr": self.scheduler.get_last_lr()[0],
+                row = {"epoch": self.epoch + 1, "seconds": seconds, "val_seconds": val_seconds,
+                       "lr": self.scheduler.get_last_lr()[0],
                        **train_stats, **{f"val/{k}": v for k, v in val.items()},
                        **self._numerics_row(), "numerics/checked_reruns": reruns}
                 self.history.append(row)
@@ -465,9 +468,11 @@ def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank:
     # the MC passes of the evaluation are seeded: train and a later evaluate give equal numbers
     devices = [device] if device.type == "cuda" else []
     linalg.reset_numerics_stats()
+    start = time.perf_counter()
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(cfg["train"]["seed"] + 104_729)
         results = evaluate_model(program, bundle, cfg, device, ood=ood)
+    eval_seconds = time.perf_counter() - start
     numerics = _numerics_summary(history, linalg.numerics_stats())
     results["warnings"] += [w for r in history for w in r.get("warnings", [])]
     if numerics["escalations"]:
@@ -485,10 +490,16 @@ def _evaluate_best(run_dir: Path, cfg: dict, bundle, net, program, device, rank:
     results["best_epoch"] = state["epoch"]
     results["eval"] = dict(cfg["eval"])  # the settings these numbers were computed with
     results["selection"] = {"metric": select_metric, "split": "val", "score": score}
+    val_seconds = [r.get("val_seconds") for r in history]
+    timed = bool(history) and None not in val_seconds      # runs of older versions: untimed
     results["cost"] = {"sec_per_epoch": sum(seconds) / max(len(seconds), 1),
                        "peak_mem_mb": peak_memory_mb(device),
                        "params": sum(p.numel() for p in net.parameters()),
-                       "epochs": len(history), "numerics": numerics}
+                       "epochs": len(history), "numerics": numerics,
+                       # the whole run: training passes + validations + this evaluation
+                       "eval_seconds": eval_seconds,
+                       "run_seconds": (sum(seconds) + sum(val_seconds) + eval_seconds
+                                       if timed else None)}
     if warm_start is not None:
         results["warm_start"] = {"source": warm_start["source"],
                                  "loaded": len(warm_start["loaded"])}

@@ -30,6 +30,11 @@ def test_fit_writes_run_directory_and_selects_on_validation(tmp_path, tiny_confi
     det = res["ood"]["cola_ood"]["detection"]
     assert set(det) >= {"max_softmax", "entropy", "energy", "kl_matching"}
     assert res["cost"]["params"] > 0 and res["cost"]["sec_per_epoch"] > 0
+    # the whole run's wall time: training passes, validations and the final evaluation
+    cost = res["cost"]
+    assert all(h["val_seconds"] > 0 for h in hist) and cost["eval_seconds"] > 0
+    assert cost["run_seconds"] == pytest.approx(
+        sum(h["seconds"] + h["val_seconds"] for h in hist) + cost["eval_seconds"])
 
 
 def test_resume_reproduces_the_uninterrupted_loss_sequence(tmp_path, tiny_config):
