@@ -1,7 +1,6 @@
 """CoLA: bundled files, split sizes, disjointness and determinism of every protocol."""
 
 import hashlib
-import time
 from pathlib import Path
 
 import pytest
@@ -64,9 +63,7 @@ def test_splits_deterministic_under_seed(protocol):
 
 
 def test_load_official_matches_files():
-    t0 = time.perf_counter()
     b = load_data("cola")
-    assert time.perf_counter() - t0 < 3.0  # well under 1 s on a quiet machine
     files = read_cola()
     assert (b.name, b.protocol, b.input_kind, b.num_classes) == ("cola", "official", "tokens", 2)
     assert (len(b.train), len(b.val), len(b.test)) == SIZES["official"]
