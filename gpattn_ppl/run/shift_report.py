@@ -51,10 +51,14 @@ def _with_ts(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
 
 
 def shift_rows(runs: dict[str, list[dict]]) -> list[dict]:
-    """Per method (and its ``+ TS`` row): ``{"method", "runs", "mean": {metric: (mean, std)}``
-    (15 x 5 mean), ``"categories": {category: {metric: (mean, std)}}`` (CGPT's, plus ``"avg"``
-    over its 18 types), ``"by_severity": {severity: {metric: (mean, std)}}``, ``"missing"``
-    (benchmark sets any run lacks)}``."""
+    """One row per method (and per ``+ TS`` row of a temperature-scaled method), a dict with
+
+    * ``method``, ``runs``;
+    * ``mean``: metric -> (mean, std) of the 15 x 5 mean;
+    * ``categories``: CGPT category (and ``avg`` over its 18 types) -> metric -> (mean, std);
+    * ``by_severity``: severity (0 = clean test) -> metric -> (mean, std);
+    * ``missing``: the benchmark (name, severity) pairs some run lacks.
+    """
     rows = []
     for method, results in _with_ts(runs).items():
         kep = [shift_summary(r) for r in results]
@@ -105,10 +109,10 @@ def _matching(results: dict, spec: str) -> list[str]:
 
 
 def ood_rows(runs: dict[str, list[dict]], sets: list[str]) -> list[dict]:
-    """Per method and detector (present in every run and set): ``{"method", "detector",
-    "runs", metric: (mean, std) of its mean over ``sets``, "per_set": {set: AUROC (mean,
-    std)}}``. A set given as a pattern with ``*`` (``cifar10c:*:5``) counts as one set whose
-    value is the mean over its matches.
+    """One row per method and detector (a detector present in every run and set), a dict with
+    ``method``, ``detector``, ``runs``, each of :data:`OOD_METRICS` -> (mean, std) over runs of
+    its mean over ``sets``, and ``per_set``: set -> AUROC (mean, std). A set given as a pattern
+    with ``*`` (``cifar10c:*:5``) counts as one set whose value is the mean over its matches.
 
     :raises ValueError: a run without one of ``sets`` (or no match of a pattern).
     """
