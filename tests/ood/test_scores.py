@@ -116,6 +116,6 @@ def test_missing_or_bad_inputs():
 
 def test_all_is_complete():
     assert set(ood_pkg.__all__) == {"DETECTOR_NAMES", "SCORE_NAMES", "ood_score",
-                                    "kl_matching_templates", "ood_report", "SHIFT_METRICS", "CGPT_CATEGORIES",
-                                    "shift_summary"}
+                                    "kl_matching_templates", "ood_report", "SHIFT_METRICS",
+                                    "CGPT_CATEGORIES", "shift_summary"}
     assert all(hasattr(ood_pkg, n) for n in ood_pkg.__all__)
