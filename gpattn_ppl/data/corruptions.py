@@ -20,7 +20,7 @@ images. Where the original used OpenCV or ImageMagick we use the equivalent oper
 
 * ``spatter``: OpenCV's Canny edge detector (3 x 3 Sobel, L1 gradient, non-maximum
   suppression, 8-connected hysteresis), ``equalizeHist`` and the saturating ``filter2D`` are
-  written out here (:func:`_canny`, :func:`_equalize_hist`); the 5 x 5 chamfer distance
+  written out here (``_canny``, ``_equalize_hist``); the 5 x 5 chamfer distance
   transform is replaced by the exact Euclidean one of ``scipy.ndimage`` (they differ by < 2 %).
 
 >>> import torch
