@@ -43,6 +43,7 @@ from ..infer import (
     set_rng_state,
 )
 from ..metrics import HIGHER_IS_BETTER, classification_report
+from ..ppl import SiteContext, site_context
 from .config import (
     DATA_OPTIONS,
     VALIDATION_METRICS,
@@ -200,8 +201,35 @@ class Trainer:
         idx = torch.randperm(self.num_data, generator=gen)[: self.cfg["data"]["batch_size"]]
         b = self.bundle.train.batch(idx).to(self.device)
         records = self.net.calibrate(b.x, b.mask)
+        if records:
+            self._step0_terms(b, records)
         if self.rank == 0 and records:
             write_json_atomic(records, self.run_dir / "swap.json")
+
+    @torch.no_grad()
+    def _step0_terms(self, b, records: list[dict]) -> None:
+        """Add to each swap record the cross-entropy and the unit's unweighted objective terms
+        (``kl``, ``cgp_loss``, ...) of one training-mode draw on the calibration batch, and
+        their ratio: how far a weight of 1 lets a term dominate the first steps
+        (``docs/derivations/pretrained_init.rst``, "Objective terms at step 0"). The random state
+        is restored, so the run draws what it would draw without this measurement."""
+        state = rng_state()
+        was_training = self.net.training
+        self.net.train()
+        try:
+            with site_context(SiteContext(mode="thin")):
+                ce = float(torch.nn.functional.cross_entropy(self.net(b.x, b.mask), b.y))
+            terms = {k: float(v.float().mean()) for k, v in self.net.objective_terms().items()}
+        finally:
+            self.net.train(was_training)
+            set_rng_state(state)
+        for r in records:
+            mine = {k[len(r["path"]) + 1:]: v for k, v in terms.items()
+                    if k.startswith(r["path"] + ".")}
+            r["step0"] = {"cross_entropy": round(ce, 4),
+                          "terms": {k: float(f"{v:.4g}") for k, v in mine.items()},
+                          "ratio_to_cross_entropy": {k: float(f"{v / ce:.4g}")
+                                                     for k, v in mine.items() if ce > 0}}
 
     def _batches(self, generator: torch.Generator):
         """This rank's training batches of the current epoch, drawn lazily from ``generator``."""

@@ -146,6 +146,10 @@ def test_train_predict_and_resume(tiny_checkpoint, tmp_path):
     assert 0 <= results["test"]["acc"] <= 1
     swap = json.loads((tmp_path / "run" / "swap.json").read_text())
     assert swap[0]["kind"] == "kep_svgp" and swap[0]["gap_mean"] > 0
+    step0 = swap[0]["step0"]            # CE and the unit's own terms at step 0
+    assert step0["cross_entropy"] > 0 and set(step0["terms"]) == {"kl", "ksvd_loss"}
+    assert step0["ratio_to_cross_entropy"]["kl"] == pytest.approx(
+        step0["terms"]["kl"] / step0["cross_entropy"], rel=1e-2)
     pred = load_run(tmp_path / "run").predict(["the cat sat on the mat .", "him went store"])
     assert len(pred) == 2 and pred[0]["pred"] in ("acceptable", "unacceptable")
     # one epoch, a checkpoint, then a fresh trainer resumes: the same loss sequence
@@ -180,3 +184,24 @@ def test_real_checkpoint_swap():
     rec = swap_attention(load_hf_encoder("all-MiniLM-L6-v2").eval(), "kep_svgp", layers=[-1],
                          calibration=dict(enc))[0]
     assert 0 < rec["gap_mean"] < 2
+
+
+def test_step0_terms_leave_the_random_state(tiny_checkpoint, tmp_path):
+    """Measuring the step-0 terms draws from the unit but restores the random state, so a run
+    trains on the numbers it would draw without the measurement."""
+    from gpattn_ppl.run.experiment import Trainer
+
+    cfg = {"model": {"arch": "hf", "checkpoint": str(tiny_checkpoint),
+                     "swap": [{"layers": [-1], "attention": {"kind": "kep_svgp", "rank": 3}}]},
+           "data": {"name": "cola", "encoder": "hf", "max_len": 16, "batch_size": 8,
+                    "limit_train": 16, "limit_eval": 8},
+           "train": {"epochs": 1, "progress": False}}
+    tr = Trainer(cfg, tmp_path / "run")
+    b = tr.bundle.train.batch(torch.arange(8))
+    path = next(iter(tr.net.attention_units()))
+    before = torch.get_rng_state()
+    records = [{"path": path}]
+    tr._step0_terms(b, records)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert set(records[0]["step0"]["terms"]) == {"kl", "ksvd_loss"}
+    assert records[0]["step0"]["terms"]["kl"] > 0
