@@ -171,6 +171,9 @@ SCHEMA: dict[str, Any] = {
         "warmup_epochs": Option(_NUM, 5, low=0), "seed": _seed(),
         "grad_clip": Option(_NUM + (_NONE,), None, low=0, low_open=True),
         "select_metric": Option(str, "auto", check=_check_select_metric),
+        # early stopping: end training after this many epochs without a better validation
+        # score (None: train all epochs)
+        "patience": _positive((int, _NONE)),
         "mode": Option(str, "thin", ("thin", "sites")),
         "objective": Option(dict, {}, free=True),
         "init_from": Option((str, _NONE), None),

@@ -304,7 +304,7 @@ class Trainer:
         bar = tqdm(total=self.steps_per_epoch * t["epochs"], initial=self.steps_per_epoch * self.epoch,
                    disable=not t["progress"] or self.rank != 0, desc=self.label, leave=False)
         try:
-            while self.epoch < t["epochs"]:
+            while self.epoch < t["epochs"] and not self.patience_exhausted():
                 linalg.reset_numerics_stats()
                 start = time.perf_counter()
                 train_stats = self.train_epoch(bar)
@@ -338,6 +338,12 @@ class Trainer:
         finally:
             bar.close()
         return self.evaluate()
+
+    def patience_exhausted(self) -> bool:
+        """True when ``train.patience`` epochs have passed since the best validation score
+        (early stopping; also on resume, so a stopped run does not train again)."""
+        p = self.cfg["train"]["patience"]
+        return p is not None and self.best["epoch"] > 0 and self.epoch - self.best["epoch"] >= p
 
     def _write_logs(self) -> None:
         """``history.json`` (every entry) and ``log.csv`` (the scalar ones: no warnings or

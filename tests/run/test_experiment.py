@@ -278,3 +278,32 @@ def test_the_cli_validates_the_config_once(tmp_path, tiny_config, monkeypatch):
     path.write_text(yaml.safe_dump(tiny_config))
     assert main(["train", str(path), "--out", str(tmp_path / "run")]) == 0
     assert calls == {"config": 1, "model": 0}
+
+
+def test_patience_stops_early_and_a_resumed_run_stays_stopped(tmp_path, tiny_config, monkeypatch):
+    """``train.patience: 2`` with validation MCC 0.1, 0.3, 0.2, 0.2, (0.5): training ends after
+    epoch 4, two epochs past the best (epoch 2), which is the checkpoint evaluated; resuming the
+    stopped run trains nothing more."""
+    scores = iter([0.1, 0.3, 0.2, 0.2, 0.5, 0.5])
+    monkeypatch.setattr(Trainer, "validate", lambda self: {"mcc": next(scores)})
+    tiny_config["train"].update(epochs=6, patience=2)
+    tiny_config["data"]["limit_train"] = 32
+    res = Trainer(tiny_config, tmp_path / "run").fit()
+    hist = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert [h["epoch"] for h in hist] == [1, 2, 3, 4]
+    assert res["best_epoch"] == 2
+    again = Trainer(tiny_config, tmp_path / "run", resume=True)
+    again.fit()
+    assert again.epoch == 4 and len(json.loads((tmp_path / "run" / "history.json").read_text())) == 4
+    # without patience every epoch runs
+    scores = iter([0.1, 0.3, 0.2, 0.2, 0.5, 0.5])
+    tiny_config["train"]["patience"] = None
+    Trainer(tiny_config, tmp_path / "all").fit()
+    assert len(json.loads((tmp_path / "all" / "history.json").read_text())) == 6
+
+
+def test_patience_must_be_positive(tiny_config):
+    from gpattn_ppl.run.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="train.patience"):
+        load_config({"train": {"patience": 0}})
