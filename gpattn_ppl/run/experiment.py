@@ -52,6 +52,7 @@ from .config import (
     check_device_available,
     dataset_extra_options,
     load_config,
+    validate_config,
 )
 from .evaluate import check_ood_names, evaluate_model
 from .output import strict
@@ -179,7 +180,12 @@ class Trainer:
         if not path.exists():
             return False
         state = load_checkpoint(path, map_location=self.device)
-        diff = config_differences(state.get("config", {}), self.cfg)
+        saved = state.get("config", {})
+        try:        # keys added to the schema since the run was written get their defaults
+            saved = dict(validate_config(saved))
+        except ConfigError:
+            pass    # compared as written: the differences name what no longer validates
+        diff = config_differences(saved, self.cfg)
         if diff:
             raise CheckpointError(f"{path} was written for a different config ("
                                   + "; ".join(diff) + "); use another --out folder or --force")

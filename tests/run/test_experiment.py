@@ -307,3 +307,23 @@ def test_patience_must_be_positive(tiny_config):
 
     with pytest.raises(ConfigError, match="train.patience"):
         load_config({"train": {"patience": 0}})
+
+
+def test_resume_accepts_a_checkpoint_written_before_an_option_existed(tmp_path, tiny_config):
+    """A key the schema gained after the run was written (here ``train.patience``, at its
+    default) is no difference: the run resumes; a real difference is still refused."""
+    tiny_config["train"]["epochs"] = 2
+    part = Trainer(tiny_config, tmp_path / "run")
+    part._write_static()
+    part.train_epoch()
+    part.epoch = 1
+    part.history.append({"epoch": 1, "seconds": 0.0})
+    state = part._state()
+    del state["config"]["train"]["patience"]          # as an older version wrote it
+    save_atomic(state, tmp_path / "run" / "last.pt")
+    resumed = Trainer(tiny_config, tmp_path / "run", resume=True)
+    assert resumed.resume() and resumed.epoch == 1
+    state["config"]["train"]["lr"] = 0.123
+    save_atomic(state, tmp_path / "run" / "last.pt")
+    with pytest.raises(CheckpointError, match=r"train.lr: 0.123 \(run\)"):
+        Trainer(tiny_config, tmp_path / "run", resume=True).resume()
