@@ -37,19 +37,24 @@ def test_fit_writes_run_directory_and_selects_on_validation(tmp_path, tiny_confi
         sum(h["seconds"] + h["val_seconds"] for h in hist) + cost["eval_seconds"])
 
 
+def _one_epoch_state(cfg: dict, run_dir) -> dict:
+    """The checkpoint state of a run in ``run_dir`` after exactly one training epoch."""
+    part = Trainer(cfg, run_dir)
+    part._write_static()
+    part.train_epoch()
+    part.epoch = 1
+    part.history.append({"epoch": 1, "seconds": 0.0})
+    return part._state()
+
+
 def test_resume_reproduces_the_uninterrupted_loss_sequence(tmp_path, tiny_config):
     tiny_config["train"]["epochs"] = 3
     full = Trainer(tiny_config, tmp_path / "full")
     full.fit()
     part_cfg = json.loads(json.dumps(tiny_config))
     part_cfg["train"]["epochs"] = 3
-    part = Trainer(part_cfg, tmp_path / "part")
-    part._write_static()
     # train exactly one epoch, checkpoint, then resume in a fresh trainer
-    part.train_epoch()
-    part.epoch = 1
-    part.history.append({"epoch": 1, "seconds": 0.0})
-    save_atomic(part._state(), tmp_path / "part" / "last.pt")
+    save_atomic(_one_epoch_state(part_cfg, tmp_path / "part"), tmp_path / "part" / "last.pt")
     torch.manual_seed(999)  # resuming must restore every RNG, whatever the process did since
     resumed = Trainer(part_cfg, tmp_path / "part", resume=True)
     assert resumed.resume() and resumed.epoch == 1
@@ -313,12 +318,7 @@ def test_resume_accepts_a_checkpoint_written_before_an_option_existed(tmp_path, 
     """A key the schema gained after the run was written (here ``train.patience``, at its
     default) is no difference: the run resumes; a real difference is still refused."""
     tiny_config["train"]["epochs"] = 2
-    part = Trainer(tiny_config, tmp_path / "run")
-    part._write_static()
-    part.train_epoch()
-    part.epoch = 1
-    part.history.append({"epoch": 1, "seconds": 0.0})
-    state = part._state()
+    state = _one_epoch_state(tiny_config, tmp_path / "run")
     del state["config"]["train"]["patience"]          # as an older version wrote it
     save_atomic(state, tmp_path / "run" / "last.pt")
     resumed = Trainer(tiny_config, tmp_path / "run", resume=True)
