@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from gpattn_ppl.data.cola import read_cola
 from gpattn_ppl.data.encoders import HFTokenEncoder
 from gpattn_ppl.models import HFClassifier
-from gpattn_ppl.ppl.sites import SiteContext, site_context
+from gpattn_ppl.run import step0_terms
 
 KINDS = {"sgpa": {"kind": "sgpa", "variant": "decoupled"}, "cgpt": {"kind": "cgpt"},
          "scgpt": {"kind": "scgpt"}, "kep_svgp": {"kind": "kep_svgp"},
@@ -50,20 +48,12 @@ def main(argv: list[str] | None = None) -> None:
         net = HFClassifier(num_classes=2, checkpoint="all-MiniLM-L6-v2",
                            swap=[{"layers": [-1], "attention": KINDS[kind]}])
         record = net.calibrate(x, mask)[0]
-        net.train()
-        ce, terms = [], {}
-        with torch.no_grad():
-            for _ in range(a.draws):
-                with site_context(SiteContext(mode="thin")):
-                    ce.append(float(F.cross_entropy(net(x, mask), y)))
-                for k, v in net.objective_terms().items():
-                    terms.setdefault(k.rsplit(".", 1)[-1], []).append(float(v.mean()))
-        ce0 = statistics.fmean(ce)
+        ce0, terms = step0_terms(net, x, mask, y, draws=a.draws)
         row = {"kind": kind, "gap_mean": record.get("gap_mean"), "ce": ce0, "terms": {}}
-        for name, vals in terms.items():
-            t = statistics.fmean(vals)
-            row["terms"][name] = {"value": t, "ratio_to_ce": t / ce0,
-                                  "balanced_weight": a.share * ce0 / t if t > 0 else None}
+        for path, t in terms.items():
+            row["terms"][path.rsplit(".", 1)[-1]] = {
+                "value": t, "ratio_to_ce": t / ce0,
+                "balanced_weight": a.share * ce0 / t if t > 0 else None}
         rows.append(row)
         print(json.dumps(row), flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "demo": ("DEMO_PRESETS", "demo_encoder", "demo_methods", "run_demo", "verdict"),
     "evaluate": ("check_ood_names", "evaluate_model", "evaluate_predictions", "temper"),
     "experiment": ("Trainer", "VALIDATION_METRICS", "build_net", "data_sizes", "evaluate_run",
-                   "load_bundle", "selection_metric"),
+                   "load_bundle", "selection_metric", "step0_terms"),
     "output": ("dumps", "strict", "summary"),
     "plugins": ("ENTRY_POINT_GROUP", "import_plugins", "imported_plugins", "load_entry_points"),
     "predictor": ("Predictor", "load_run", "read_inputs"),

@@ -68,7 +68,7 @@ from .rundir import (
 from .runtime import barrier, init_distributed, peak_memory_mb, seed_everything, select_device
 
 __all__ = ["VALIDATION_METRICS", "Trainer", "build_net", "data_sizes", "evaluate_run",
-           "load_bundle", "selection_metric"]
+           "load_bundle", "selection_metric", "step0_terms"]
 
 #: the manifest format written to ``run.json``
 MANIFEST_FORMAT = 1
@@ -80,6 +80,26 @@ def _validated(config, overrides: list[str] | None) -> dict:
     if isinstance(config, Config) and not overrides:
         return copy.deepcopy(dict(config))
     return dict(load_config(config, overrides))
+
+
+@torch.no_grad()
+def step0_terms(net, x: torch.Tensor, mask: torch.Tensor | None, y: torch.Tensor,
+                draws: int = 1) -> tuple[float, dict[str, float]]:
+    """The cross-entropy of ``net`` on ``(x, mask, y)`` and its unweighted objective terms
+    (unit path + name -> batch mean), each averaged over ``draws`` training-mode draws in thin
+    mode; ``net``'s training flag is restored."""
+    was_training = net.training
+    net.train()
+    ce, terms = 0.0, {}
+    try:
+        for _ in range(draws):
+            with site_context(SiteContext(mode="thin")):
+                ce += float(torch.nn.functional.cross_entropy(net(x, mask), y)) / draws
+            for k, v in net.objective_terms().items():
+                terms[k] = terms.get(k, 0.0) + float(v.float().mean()) / draws
+    finally:
+        net.train(was_training)
+    return ce, terms
 
 
 class Trainer:
@@ -212,22 +232,16 @@ class Trainer:
         if self.rank == 0 and records:
             write_json_atomic(records, self.run_dir / "swap.json")
 
-    @torch.no_grad()
     def _step0_terms(self, b, records: list[dict]) -> None:
         """Add to each swap record the cross-entropy and the unit's unweighted objective terms
-        (``kl``, ``cgp_loss``, ...) of one training-mode draw on the calibration batch, and
-        their ratio: how far a weight of 1 lets a term dominate the first steps
+        of one training-mode draw on the calibration batch (:func:`step0_terms`), and their
+        ratio: how far a weight of 1 lets a term dominate the first steps
         (``docs/derivations/pretrained_init.rst``, "Objective terms at step 0"). The random state
         is restored, so the run draws what it would draw without this measurement."""
         state = rng_state()
-        was_training = self.net.training
-        self.net.train()
         try:
-            with site_context(SiteContext(mode="thin")):
-                ce = float(torch.nn.functional.cross_entropy(self.net(b.x, b.mask), b.y))
-            terms = {k: float(v.float().mean()) for k, v in self.net.objective_terms().items()}
+            ce, terms = step0_terms(self.net, b.x, b.mask, b.y)
         finally:
-            self.net.train(was_training)
             set_rng_state(state)
         for r in records:
             mine = {k[len(r["path"]) + 1:]: v for k, v in terms.items()
