@@ -59,8 +59,9 @@ TASKS: dict[str, dict] = {
                     "kep_svgp": COLA / "kep_svgp.yaml", "cgpt": COLA / "cgpt.yaml",
                     "scgpt": COLA / "scgpt.yaml", "sto_trans": COLA / "sto_trans.yaml",
                     "h_sto_trans": COLA / "h_sto_trans.yaml"},
-        "settings": ["train.epochs=15", "train.warmup_epochs=2"],
-        "about": "CoLA official protocol, learned word embeddings, 15 epochs (2 warm-up)",
+        "settings": ["train.epochs=30", "train.warmup_epochs=2", "train.patience=5"],
+        "about": "CoLA official protocol, learned word embeddings, up to 30 epochs (2 warm-up), "
+                 "stopped after 5 epochs without a better validation MCC",
         "metric": "mcc",
     },
     "imdb_cr": {
