@@ -6,10 +6,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_evidence_table_rows_and_reuse(tmp_path, capsys):
+def _evidence():
     spec = importlib.util.spec_from_file_location("evidence", ROOT / "experiments" / "evidence.py")
     evidence = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(evidence)
+    return evidence
+
+
+def test_evidence_table_rows_and_reuse(tmp_path, capsys):
+    evidence = _evidence()
     args = ["cola", "--out", str(tmp_path), "--seeds", "0", "--ensemble", "2",
             "--methods", "softmax", "kep_svgp", "--set", "train.epochs=1",
             "train.warmup_epochs=0", "data.limit_train=64", "data.limit_eval=32",
@@ -22,6 +27,21 @@ def test_evidence_table_rows_and_reuse(tmp_path, capsys):
     assert "(max_softmax)" in table or "(entropy)" in table or "(energy)" in table
     per_seed = (tmp_path / "per_seed.md").read_text()
     assert "| kep_svgp | " in per_seed and "worst seed" in per_seed
+    assert "of the 1 ordered choices of 1 of its other seeds" in per_seed   # seed 1 vs seed 0
     first = capsys.readouterr().out
     evidence.main(args)                       # finished runs are reused: the same table
     assert capsys.readouterr().out == first
+
+
+def test_per_seed_table_counts_how_often_softmax_meets_the_criterion_against_itself():
+    per_seed = _evidence().per_seed_table
+    runs = {"softmax": [{"test": {"mcc": 0.10}}, {"test": {"mcc": 0.20}}],
+            "sgpa": [{"test": {"mcc": 0.12}}, {"test": {"mcc": 0.15}}]}
+    replicas = [{"test": {"mcc": v}} for v in (0.10, 0.20, 0.15)]
+    table = per_seed(runs, [0, 1], "mcc", replicas)
+    assert "| sgpa | 0.120 (+0.020) | 0.150 (-0.050) | -0.050 | -0.015 |" in table
+    # (o0, o1) against (0.10, 0.20) needs o0 >= 0.07 and o1 >= 0.17: (0.10, 0.20), (0.15, 0.20)
+    assert "of the 6 ordered choices of 2 of its other seeds set against seeds 0, 1: 2 (33%)" \
+        in table
+    assert "std 0.050" in table                              # stdev of 0.1, 0.2, 0.1, 0.2, 0.15
+    assert "Softmax against itself" not in per_seed(runs, [0, 1], "mcc", replicas[:1])
