@@ -67,14 +67,9 @@ TASKS: dict[str, dict] = {
         "metric": "mcc",
     },
     "imdb_cr": {
-        "methods": {m: (IMDB / "softmax.yaml", [f"model.attention={{kind: {k}}}"] + extra)
-                    for m, k, extra in [
-                        ("softmax", "softmax", []), ("mc_dropout", "softmax", ["model.mc_dropout=true"]),
-                        ("kernel_asym", "kernel", ["model.attention.symmetric=false"]),
-                        ("kernel_sym", "kernel", ["model.attention.symmetric=true"]),
-                        ("sgpa", "sgpa", []), ("kep_svgp", "kep_svgp", []), ("cgpt", "cgpt", []),
-                        ("scgpt", "scgpt", []), ("sto_trans", "gumbel", []),
-                        ("h_sto_trans", "h_gumbel", [])]},
+        "methods": {m: IMDB / f"{m}.yaml" for m in (
+            "softmax", "mc_dropout", "kernel_asym", "kernel_sym", "sgpa", "kep_svgp", "cgpt",
+            "scgpt", "sto_trans", "h_sto_trans")},
         "settings": ["data.limit_train=5000", "data.limit_eval=2000", "data.max_len=128",
                      "model.max_len=128", "train.epochs=5"],
         "about": "IMDB (ID) -> CR (OOD), reduced for 2 CPU cores: 1 block, C = 128, 8 heads, "
