@@ -93,8 +93,9 @@ TASKS: dict[str, dict] = {
             "scgpt", "gumbel", "h_gumbel")},
         "settings": [],
         "about": "CIFAR-10, CPU preset: ViT 3 blocks (patch 4, C = 128, 4 heads, MLP 128), a "
-                 "15,000-image training subset, 8 epochs, batch 128; GP / stochastic units in "
-                 "the last block; test = the 10,000 official test images",
+                 "15,000-image training subset, 8 epochs, batch 128; SGPA, KEP-SVGP, CGPT and "
+                 "SCGPT in the last block, kernel, Gumbel and h-Gumbel in every block; test = "
+                 "the 10,000 official test images",
         "metric": "acc",
         # shift and OOD tables (shift.md, ood.md) and the metric-vs-severity plots
         "ood_sets": ["digits", "photo_patches", "gaussian_noise", "uniform_noise",
