@@ -76,6 +76,7 @@ TASKS: dict[str, dict] = {
                  "5,000 training reviews, 128 tokens, 5 epochs, 2,000-review validation and test "
                  "subsets",
         "metric": "acc",
+        "ood_accuracy": True,   # the sto-trans paper's Table 1 compares accuracy on CR
     },
     "cola_minilm": {
         "methods": None,  # the cola methods
@@ -178,12 +179,46 @@ def main(argv: list[str] | None = None) -> None:
         match = epochs_to_match(out, [m for m in runs if m != "softmax"], args.seeds)
         (out / "epochs_to_match.md").write_text(match + "\n")
         print(f"\n{match}")
+    if task.get("ood_accuracy"):
+        acc = ood_accuracy_table(runs)
+        (out / "ood_accuracy.md").write_text(acc + "\n")
+        print(f"\n{acc}")
     if task.get("ood_sets"):
         shift_and_ood_tables(runs, task["ood_sets"], out)
     if "softmax" in runs:
         per_seed = per_seed_table(runs, args.seeds, task["metric"], replicas)
         (out / "per_seed.md").write_text(per_seed + "\n")
         print(f"\n{per_seed}")
+
+
+def ood_accuracy_table(runs: dict[str, list[dict]]) -> str:
+    """Accuracy in domain and on each labelled OOD set, and the mean mutual information of the
+    test predictive on both, mean ± std over a method's runs (the sto-trans paper's comparison:
+    does a unit keep in-domain accuracy while raising out-of-domain accuracy?)."""
+    sets = sorted({name for results in runs.values() for r in results
+                   for name, res in r.get("ood", {}).items() if "classification" in res})
+
+    def cell(vals):
+        vals = [v for v in vals if isinstance(v, (int, float))]
+        if not vals:
+            return "–"
+        return f"{statistics.fmean(vals):.3f}" + (
+            f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else "")
+
+    def mi(vals):
+        vals = [v for v in vals if isinstance(v, (int, float))]
+        return f"{statistics.fmean(vals):.1e}" if vals else "–"
+
+    head = " | ".join(f"Acc OOD ({s}) | MI OOD ({s})" for s in sets)
+    lines = [f"| method | runs | Acc ID | MI ID | {head} |", "|---|" + "---|" * (3 + 2 * len(sets))]
+    for method, results in runs.items():
+        cells = [cell(r["test"].get("acc") for r in results),
+                 mi(r["test"].get("mutual_info") for r in results)]
+        for name in sets:
+            got = [r.get("ood", {}).get(name, {}).get("classification", {}) for r in results]
+            cells += [cell(g.get("acc") for g in got), mi(g.get("mutual_info") for g in got)]
+        lines.append(f"| {method} | {len(results)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def cost_table(runs: dict[str, list[dict]]) -> str:

@@ -45,3 +45,16 @@ def test_per_seed_table_counts_how_often_softmax_meets_the_criterion_against_its
         in table
     assert "std 0.050" in table                              # stdev of 0.1, 0.2, 0.1, 0.2, 0.15
     assert "Softmax against itself" not in per_seed(runs, [0, 1], "mcc", replicas[:1])
+
+
+def test_ood_accuracy_table_has_every_labelled_ood_set():
+    run = {"test": {"acc": 0.8, "mutual_info": 0.01},
+           "ood": {"cr": {"classification": {"acc": 0.6, "mutual_info": 0.05}},
+                   "noise": {"detection": {}}}}                   # unlabelled: no accuracy column
+    other = {"test": {"acc": 0.7, "mutual_info": 0.03},
+             "ood": {"cr": {"classification": {"acc": 0.65, "mutual_info": 0.07}}}}
+    table = _evidence().ood_accuracy_table({"softmax": [run], "h_sto_trans": [run, other]})
+    lines = table.splitlines()
+    assert lines[0] == "| method | runs | Acc ID | MI ID | Acc OOD (cr) | MI OOD (cr) |"
+    assert lines[2] == "| softmax | 1 | 0.800 | 1.0e-02 | 0.600 | 5.0e-02 |"
+    assert lines[3] == "| h_sto_trans | 2 | 0.750 ± 0.071 | 2.0e-02 | 0.625 ± 0.035 | 6.0e-02 |"
