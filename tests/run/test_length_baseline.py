@@ -32,3 +32,17 @@ def test_images_have_no_lengths():
     bundle = SimpleNamespace(name="cifar10", test=SimpleNamespace(lengths=None), ood={})
     with pytest.raises(ValueError, match="no token lengths"):
         _module().length_baseline(bundle)
+
+
+def test_restricted_auroc_rescores_saved_predictions(tmp_path):
+    # test: two long confident examples and one short unsure one; OOD: two unsure ones
+    test_probs = torch.tensor([[[0.9, 0.1], [0.95, 0.05], [0.6, 0.4]]]).repeat(2, 1, 1)
+    ood_probs = torch.tensor([[[0.7, 0.3], [0.5, 0.5]]]).repeat(2, 1, 1)
+    torch.save({"test": {"probs": test_probs, "logits": test_probs.log()},
+                "cr": {"probs": ood_probs, "logits": ood_probs.log()}}, tmp_path / "predictions.pt")
+    r = _module().restricted_auroc(tmp_path, torch.tensor([100, 90, 10]), "cr", [50])
+    assert r["max_softmax"]["all"] == pytest.approx(5 / 6)   # 0.6 beats only 0.5
+    assert r["max_softmax"][50] == pytest.approx(1 / 2)      # the short example alone
+    assert r["mutual_info"]["all"] == pytest.approx(0.5)     # equal passes: MI 0 everywhere
+    with pytest.raises(ValueError, match="3 test predictions but 2 test lengths"):
+        _module().restricted_auroc(tmp_path, torch.tensor([100, 90]), "cr", [50])
