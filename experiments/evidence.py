@@ -191,6 +191,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{per_seed}")
 
 
+def _cell(vals: list, fmt: str = ".3f", std: bool = True) -> str:
+    """``mean ± sample std`` of the numbers among ``vals`` (std only for two or more, and only
+    with ``std``); ``–`` when there are none (runs of versions that did not record the value)."""
+    vals = [v for v in vals if isinstance(v, (int, float))]
+    if not vals:
+        return "–"
+    spread = f" ± {statistics.stdev(vals):{fmt}}" if std and len(vals) > 1 else ""
+    return f"{statistics.fmean(vals):{fmt}}" + spread
+
+
 def ood_accuracy_table(runs: dict[str, list[dict]]) -> str:
     """Accuracy in domain and on each labelled OOD set, and the mean mutual information of the
     test predictive on both, mean ± std over a method's runs (the sto-trans paper's comparison:
@@ -198,25 +208,15 @@ def ood_accuracy_table(runs: dict[str, list[dict]]) -> str:
     sets = sorted({name for results in runs.values() for r in results
                    for name, res in r.get("ood", {}).items() if "classification" in res})
 
-    def cell(vals):
-        vals = [v for v in vals if isinstance(v, (int, float))]
-        if not vals:
-            return "–"
-        return f"{statistics.fmean(vals):.3f}" + (
-            f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else "")
-
-    def mi(vals):
-        vals = [v for v in vals if isinstance(v, (int, float))]
-        return f"{statistics.fmean(vals):.1e}" if vals else "–"
-
     head = " | ".join(f"Acc OOD ({s}) | MI OOD ({s})" for s in sets)
     lines = [f"| method | runs | Acc ID | MI ID | {head} |", "|---|" + "---|" * (3 + 2 * len(sets))]
     for method, results in runs.items():
-        cells = [cell(r["test"].get("acc") for r in results),
-                 mi(r["test"].get("mutual_info") for r in results)]
+        cells = [_cell([r["test"].get("acc") for r in results]),
+                 _cell([r["test"].get("mutual_info") for r in results], ".1e", std=False)]
         for name in sets:
             got = [r.get("ood", {}).get(name, {}).get("classification", {}) for r in results]
-            cells += [cell(g.get("acc") for g in got), mi(g.get("mutual_info") for g in got)]
+            cells += [_cell([g.get("acc") for g in got]),
+                      _cell([g.get("mutual_info") for g in got], ".1e", std=False)]
         lines.append(f"| {method} | {len(results)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -225,12 +225,6 @@ def cost_table(runs: dict[str, list[dict]]) -> str:
     """Wall time per method, mean ± std over its runs: training seconds per epoch, the whole run
     (training, validation after every epoch, the final evaluation with every OOD / shift set)
     and that evaluation alone; ``–`` for runs of versions that did not time them."""
-    def cell(vals):
-        vals = [v for v in vals if isinstance(v, (int, float))]
-        if not vals:
-            return "–"
-        mean = statistics.fmean(vals)
-        return f"{mean:.0f}" + (f" ± {statistics.stdev(vals):.0f}" if len(vals) > 1 else "")
     lines = ["| method | runs | s/epoch (training) | s per run (all) | s evaluation |",
              "|---|---|---|---|---|"]
     for method, results in runs.items():
@@ -238,7 +232,7 @@ def cost_table(runs: dict[str, list[dict]]) -> str:
             continue
         costs = [r.get("cost", {}) for r in results]
         lines.append(f"| {method} | {len(results)} | "
-                     + " | ".join(cell([c.get(k) for c in costs]) for k in
+                     + " | ".join(_cell([c.get(k) for c in costs], ".0f") for k in
                                   ("sec_per_epoch", "run_seconds", "eval_seconds")) + " |")
     return "\n".join(lines)
 

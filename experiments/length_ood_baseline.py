@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
             m = r[direction]
             print(f"  {direction}: AUROC {m['auroc']:.3f}, AUPR-in {m['aupr_in']:.3f}, "
                   f"AUPR-out {m['aupr_out']:.3f}, FPR95 {m['fpr95']:.3f}")
+    keep = {length: int((bundle.test.lengths <= length).sum()) for length in args.max_lengths}
     for name in result:
-        keep = {length: int((bundle.test.lengths <= length).sum()) for length in args.max_lengths}
         result[name]["test_examples_up_to"] = keep
         runs = {str(d): restricted_auroc(d, bundle.test.lengths, name, args.max_lengths)
                 for d in args.runs}
