@@ -174,6 +174,9 @@ SCHEMA: dict[str, Any] = {
         # early stopping: end training after this many epochs without a better validation
         # score (None: train all epochs)
         "patience": _positive((int, _NONE)),
+        # stochastic passes per input in the per-epoch validation that picks the checkpoint
+        # (None: eval.mc_samples); the test evaluation always uses eval.mc_samples
+        "val_mc_samples": _positive((int, _NONE)),
         "mode": Option(str, "thin", ("thin", "sites")),
         "objective": Option(dict, {}, free=True),
         "init_from": Option((str, _NONE), None),

@@ -294,13 +294,14 @@ class Trainer:
         return row
 
     def validate(self) -> dict:
-        """Metrics of the current model on the validation split (MC passes as in evaluation)."""
-        e = self.cfg["eval"]
+        """Metrics of the current model on the validation split: ``train.val_mc_samples`` MC
+        passes (None: ``eval.mc_samples``, as in evaluation)."""
+        T = self.cfg["train"]["val_mc_samples"] or self.cfg["eval"]["mc_samples"]
         devices = [self.device] if self.device.type == "cuda" else []
         # validation draws (MC passes, the sampled "y" site) must not move the training RNG
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.cfg["train"]["seed"] + 7919 * self.epoch)
-            pred = predict(self.program, self.bundle.val, num_samples=e["mc_samples"],
+            pred = predict(self.program, self.bundle.val, num_samples=T,
                            batch_size=self.cfg["data"]["eval_batch_size"], device=self.device)
         return classification_report(pred["probs"], pred["labels"], logits=pred["logits"],
                                      metrics=list(VALIDATION_METRICS))

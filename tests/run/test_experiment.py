@@ -327,3 +327,37 @@ def test_resume_accepts_a_checkpoint_written_before_an_option_existed(tmp_path, 
     save_atomic(state, tmp_path / "run" / "last.pt")
     with pytest.raises(CheckpointError, match=r"train.lr: 0.123 \(run\)"):
         Trainer(tiny_config, tmp_path / "run", resume=True).resume()
+
+
+def test_val_mc_samples_sets_the_validation_passes_only(tmp_path, tiny_config, monkeypatch):
+    """``train.val_mc_samples`` is the T of the per-epoch validation; left out it is
+    ``eval.mc_samples``; the test evaluation uses ``eval.mc_samples`` either way."""
+    import gpattn_ppl.run.evaluate as evaluate
+    import gpattn_ppl.run.experiment as experiment
+
+    seen = []
+
+    def recording(program, dataset, *, num_samples, **kw):
+        seen.append(num_samples)
+        return real(program, dataset, num_samples=num_samples, **kw)
+
+    real = experiment.predict
+    monkeypatch.setattr(experiment, "predict", recording)
+    monkeypatch.setattr(evaluate, "predict", recording)
+    tiny_config["train"].update(epochs=1, val_mc_samples=2)
+    tiny_config["eval"]["mc_samples"] = 3
+    tiny_config["data"]["limit_train"] = 32
+    trainer = Trainer(tiny_config, tmp_path / "run")
+    trainer.fit()
+    assert seen[0] == 2 and len(seen) > 1 and set(seen[1:]) == {3}   # validation, then test
+    seen.clear()
+    tiny_config["train"]["val_mc_samples"] = None
+    Trainer(tiny_config, tmp_path / "default").validate()
+    assert seen == [3]
+
+
+def test_val_mc_samples_must_be_positive():
+    from gpattn_ppl.run.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="train.val_mc_samples"):
+        load_config({"train": {"val_mc_samples": 0}})
