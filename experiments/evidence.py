@@ -12,7 +12,7 @@ command can be re-run after an interruption.
 
 Usage::
 
-    python experiments/evidence.py cola --out runs/evidence_cola
+    python experiments/evidence.py cola --out runs/evidence_cola30
     python experiments/evidence.py cola_minilm --out runs/evidence_cola_minilm
     python experiments/evidence.py imdb_cr --out runs/evidence_imdb_cr     # from the repository root
     python experiments/evidence.py cola_finetune --out runs/finetune_cola  # issue 12
