@@ -94,7 +94,7 @@ TASKS: dict[str, dict] = {
             "scgpt", "gumbel", "h_gumbel")},
         "settings": [],
         "about": "CIFAR-10, CPU preset: ViT 3 blocks (patch 4, C = 128, 4 heads, MLP 128), a "
-                 "15,000-image training subset, 8 epochs, batch 128; SGPA, KEP-SVGP, CGPT and "
+                 "10,000-image training subset, 6 epochs, batch 128; SGPA, KEP-SVGP, CGPT and "
                  "SCGPT in the last block, kernel, Gumbel and h-Gumbel in every block; test = "
                  "the 10,000 official test images",
         "metric": "acc",
