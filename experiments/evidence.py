@@ -124,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ensemble", type=int, default=None, metavar="K",
                    help="members per deep ensemble (0: no ensemble rows; default 3, "
                         "cola_finetune 0)")
+    p.add_argument("--ensemble-seeds", type=int, default=None, metavar="N",
+                   help="the softmax seeds 0..N-1 whose disjoint blocks of K form the deep "
+                        "ensembles (default: K x the number of --seeds, one ensemble per seed; "
+                        "N = K: one ensemble of the first K seeds, no std)")
     p.add_argument("--methods", nargs="+", help="a subset of the task's methods")
     p.add_argument("--set", nargs="+", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="extra config overrides for every run")
@@ -149,7 +153,10 @@ def main(argv: list[str] | None = None) -> None:
     replicas: list[dict] = []
     if "softmax" in methods:
         k = args.ensemble
-        seeds = sorted(set(args.seeds) | set(range(len(args.seeds) * k)))
+        n = len(args.seeds) * k if args.ensemble_seeds is None else args.ensemble_seeds
+        if k and n < k:
+            p.error(f"--ensemble-seeds {n} is fewer than the {k} members of one ensemble")
+        seeds = sorted(set(args.seeds) | set(range(n if k else 0)))
         cfg = config("softmax", ["eval.temperature_scaling=true"])
         run_compare([cfg], seeds, out, names=["softmax"], progress=False)
         dirs = [out / "softmax" / f"seed{s}" for s in seeds]

@@ -1,16 +1,22 @@
-"""Prediction: T stochastic passes through :class:`pyro.infer.Predictive`."""
+"""Prediction: T stochastic passes of the Pyro program, each the guide traced and the model
+replayed on its draws (what :class:`pyro.infer.Predictive` does with ``parallel=False``).
+
+Written here rather than calling ``Predictive``: every ``Predictive`` call runs the model twice
+more than asked (once to guess the plate nesting, once to read the site shapes), so each batch
+cost T + 2 forward passes -- 3x the work for a deterministic network, 1.4x at T = 5.
+"""
 
 from __future__ import annotations
 
 import contextlib
 
+import pyro.poutine as poutine
 import torch
-from pyro.infer import Predictive
 
 from ..settings import posterior_mean
 from .program import PyroProgram
 
-__all__ = ["predict"]
+__all__ = ["predict", "program_pass"]
 
 
 @torch.no_grad()
@@ -19,8 +25,8 @@ def predict(program: PyroProgram, dataset, *, num_samples: int = 10, batch_size:
             ) -> dict[str, torch.Tensor]:
     """Per-pass class probabilities and logits on ``dataset``.
 
-    Deterministic networks are run once (T = 1); stochastic ones ``num_samples`` times through
-    :class:`pyro.infer.Predictive` (guide then model, ``logits`` returned as a site).
+    Deterministic networks are run once (T = 1); stochastic ones ``num_samples`` times, each pass
+    the guide traced and the model replayed on its draws (:func:`program_pass`).
 
     :param mean: use the units' posterior means (one pass) instead of samples.
     :param limit: evaluate only the first ``limit`` examples (smoke runs).
@@ -30,8 +36,6 @@ def predict(program: PyroProgram, dataset, *, num_samples: int = 10, batch_size:
     was_training = net.training
     net.eval()
     T = num_samples if (net.stochastic and not mean) else 1
-    predictive = Predictive(program.model, guide=program.guide, num_samples=T,
-                            return_sites=["logits"], parallel=False)
     logits, labels = [], []
     n = len(dataset) if limit is None else min(limit, len(dataset))
     try:
@@ -42,10 +46,19 @@ def predict(program: PyroProgram, dataset, *, num_samples: int = 10, batch_size:
                 # T > 1: the deterministic prefix runs once per batch (exact, see PrefixCache)
                 reuse = net.prefix_cache() if T > 1 and hasattr(net, "prefix_cache") else None
                 with reuse if reuse is not None else contextlib.nullcontext():
-                    out = predictive(b.x, b.mask, None, None)["logits"]
+                    out = torch.stack([program_pass(program, b.x, b.mask) for _ in range(T)])
                 logits.append(out.reshape(T, len(idx), -1).float().cpu())
                 labels.append(b.y.cpu())
     finally:
         net.train(was_training)
     logits = torch.cat(logits, 1)
     return {"logits": logits, "probs": torch.softmax(logits.double(), -1), "labels": torch.cat(labels)}
+
+
+def program_pass(program: PyroProgram, x: torch.Tensor, mask: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """One predictive pass: trace the guide (its variational draws; empty in ``thin`` mode), replay
+    the model on them, and return its ``logits`` site ``[B, K]`` (the labels are not observed)."""
+    guide = poutine.trace(program.guide).get_trace(x, mask, None, None)
+    model = poutine.trace(poutine.replay(program.model, trace=guide)).get_trace(x, mask, None, None)
+    return model.nodes["logits"]["value"]

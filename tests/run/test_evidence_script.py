@@ -58,3 +58,22 @@ def test_ood_accuracy_table_has_every_labelled_ood_set():
     assert lines[0] == "| method | runs | Acc ID | MI ID | Acc OOD (cr) | MI OOD (cr) |"
     assert lines[2] == "| softmax | 1 | 0.800 | 1.0e-02 | 0.600 | 5.0e-02 |"
     assert lines[3] == "| h_sto_trans | 2 | 0.750 ± 0.071 | 2.0e-02 | 0.625 ± 0.035 | 6.0e-02 |"
+
+
+def test_ensemble_seeds_gives_one_ensemble_of_the_first_seeds(tmp_path, capsys):
+    evidence = _evidence()
+    args = ["cola", "--out", str(tmp_path), "--seeds", "0", "1", "--ensemble", "2",
+            "--methods", "softmax", "--set", "train.epochs=1", "train.warmup_epochs=0",
+            "data.limit_train=64", "data.limit_eval=32", "model.dim=16", "model.mlp_dim=16"]
+    evidence.main(args + ["--ensemble-seeds", "2"])
+    table = (tmp_path / "results.md").read_text()
+    assert "| deep ensemble (2) | 1 | " in table           # one ensemble: seeds 0 and 1
+    assert sorted(p.name for p in (tmp_path / "softmax").iterdir()) == ["seed0", "seed1"]
+    capsys.readouterr()
+    try:
+        evidence.main(args + ["--ensemble-seeds", "1"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("--ensemble-seeds below the ensemble size was accepted")
+    assert "fewer than the 2 members" in capsys.readouterr().err
