@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import statistics
 import time
 
@@ -73,11 +74,10 @@ def main() -> None:
                           num_classes=10).to(device)
         program = PyroProgram(net, num_data=45000)
 
-        def ours():
-            predict(program, data, num_samples=T, batch_size=args.batch_size, device=device)
-
-        def reference():
-            predictive_reference(program, data, T, args.batch_size, device)
+        ours = functools.partial(predict, program, data, num_samples=T,
+                                 batch_size=args.batch_size, device=device)
+        reference = functools.partial(predictive_reference, program, data, T, args.batch_size,
+                                      device)
 
         def timed(fn):
             t0 = time.perf_counter()
