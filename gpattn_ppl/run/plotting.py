@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
@@ -354,13 +355,20 @@ def _severity_series(table, metric: str) -> dict[str, tuple[list, list[float]]]:
 
 def _severity_figure(table, metric: str) -> Figure:
     series = _severity_series(table, metric)
-    fig = Figure(figsize=(5.0, 4.0), layout="constrained")
+    # one colour per method (tab20 past 10), its "+ TS" row dashed in the same colour, and the
+    # legend beside the axes so that it hides no line
+    base = [m for m in series if not m.endswith(" + TS")]
+    cmap = colormaps["tab10" if len(base) <= 10 else "tab20"]
+    colours = {m: cmap(i % cmap.N) for i, m in enumerate(base)}
+    fig = Figure(figsize=(7.0, 4.0), layout="constrained")
     ax = fig.subplots()
     for method, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker="o", label=method)
+        root = method.removesuffix(" + TS")
+        ax.plot(xs, ys, marker="o", markersize=3, label=method, color=colours.get(root),
+                linestyle="-" if method == root else "--")
     ax.set_xlabel("Corruption severity")
     ax.set_ylabel(METRIC_NAMES.get(metric, metric))
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.02, 0.5))
     return fig
 
 
