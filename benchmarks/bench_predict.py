@@ -53,6 +53,15 @@ def predictive_reference(program: PyroProgram, dataset, T: int, batch_size: int,
     return torch.cat(out, -2)
 
 
+def timed(fn, device: torch.device) -> float:
+    """Wall seconds of ``fn()`` (waiting for the GPU on CUDA)."""
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--images", type=int, default=1000)
@@ -79,18 +88,11 @@ def main() -> None:
         reference = functools.partial(predictive_reference, program, data, T, args.batch_size,
                                       device)
 
-        def timed(fn):
-            t0 = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            return time.perf_counter() - t0
-
         ours(), reference()                      # warm-up
         times = {"predict": [], "predictive": []}
         for _ in range(args.rounds):
-            times["predict"].append(timed(ours))
-            times["predictive"].append(timed(reference))
+            times["predict"].append(timed(ours, device))
+            times["predictive"].append(timed(reference, device))
         row = {"T": T}
         for key, ts in times.items():
             row[f"{key}_median_s"] = statistics.median(ts)

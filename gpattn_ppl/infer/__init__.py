@@ -4,7 +4,8 @@
 * :mod:`~gpattn_ppl.infer.fit` -- :func:`fit_epoch`, one pass of optimiser steps (stopping at
   the first non-finite step), :func:`objective_checks` of the objective's scale, and the
   learning-rate schedule :func:`lr_lambda`;
-* :mod:`~gpattn_ppl.infer.predictive` -- :func:`predict`, T stochastic passes (:func:`program_pass` each);
+* :mod:`~gpattn_ppl.infer.predictive` -- :func:`predict`, T stochastic passes (each one
+  :func:`program_pass`);
 * :mod:`~gpattn_ppl.infer.checkpoint` -- atomic checkpoints, RNG states, warm starts.
 """
 
@@ -31,4 +32,5 @@ from .program import PyroProgram
 
 __all__ = ["CheckpointError", "LOSS_RANGE", "PyroProgram", "TERM_HINTS", "TERM_RATIO",
            "atomic_write", "epoch_clock", "fit_epoch", "init_from", "load_checkpoint", "lr_lambda",
-           "objective_checks", "predict", "program_pass", "rng_state", "save_atomic", "set_rng_state"]
+           "objective_checks", "predict", "program_pass", "rng_state", "save_atomic",
+           "set_rng_state"]

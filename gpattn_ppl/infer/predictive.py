@@ -47,7 +47,7 @@ def predict(program: PyroProgram, dataset, *, num_samples: int = 10, batch_size:
                 reuse = net.prefix_cache() if T > 1 and hasattr(net, "prefix_cache") else None
                 with reuse if reuse is not None else contextlib.nullcontext():
                     out = torch.stack([program_pass(program, b.x, b.mask) for _ in range(T)])
-                logits.append(out.reshape(T, len(idx), -1).float().cpu())
+                logits.append(out.float().cpu())                          # [T, B, K]
                 labels.append(b.y.cpu())
     finally:
         net.train(was_training)

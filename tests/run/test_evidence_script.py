@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -70,10 +72,7 @@ def test_ensemble_seeds_gives_one_ensemble_of_the_first_seeds(tmp_path, capsys):
     assert "| deep ensemble (2) | 1 | " in table           # one ensemble: seeds 0 and 1
     assert sorted(p.name for p in (tmp_path / "softmax").iterdir()) == ["seed0", "seed1"]
     capsys.readouterr()
-    try:
+    with pytest.raises(SystemExit) as exc:
         evidence.main(args + ["--ensemble-seeds", "1"])
-    except SystemExit as exc:
-        assert exc.code == 2
-    else:
-        raise AssertionError("--ensemble-seeds below the ensemble size was accepted")
+    assert exc.value.code == 2
     assert "fewer than the 2 members" in capsys.readouterr().err
