@@ -39,8 +39,10 @@ from gpattn_ppl.run.compare import (
 from gpattn_ppl.run.config import load_config
 from gpattn_ppl.run.shift_report import (
     format_ood_markdown,
+    format_paired_markdown,
     format_shift_markdown,
     ood_rows,
+    paired_rows,
     severity_plots,
     shift_rows,
 )
@@ -273,7 +275,8 @@ def epochs_to_match(out: Path, methods: list[str], seeds: list[int]) -> str:
 
 def shift_and_ood_tables(runs: dict[str, list[dict]], ood_sets: list[str], out: Path) -> None:
     """``shift.md`` (CIFAR-10-C: the 15 x 5 means and CGPT's category means), ``ood.md`` (every
-    detector over ``ood_sets``) and ``<metric>_vs_severity.png`` under ``out``; printed too."""
+    detector over ``ood_sets``), ``paired.md`` (each method against softmax and softmax + TS,
+    seed by seed) and ``<metric>_vs_severity.png`` under ``out``; printed too."""
     rows = shift_rows(runs)
     shift = format_shift_markdown(rows)
     ood = format_ood_markdown(ood_rows(runs, ood_sets))
@@ -282,6 +285,12 @@ def shift_and_ood_tables(runs: dict[str, list[dict]], ood_sets: list[str], out: 
     plots = severity_plots(rows, out)
     print(f"\nCIFAR-10-C (regenerated)\n\n{shift}\n\nOOD detection (mean over "
           f"{', '.join(ood_sets)})\n\n{ood}\n\nplots: {', '.join(str(p) for p in plots)}")
+    if "softmax" in runs:
+        paired = ("Against softmax seed by seed (method − softmax with the same seed: mean "
+                  "[min, max] over the seeds; k/n: the seeds on which the method is better; "
+                  "C10-C: the 15 x 5 mean)\n\n" + format_paired_markdown(paired_rows(runs)))
+        (out / "paired.md").write_text(paired + "\n")
+        print(f"\n{paired}")
 
 
 def per_seed_table(runs: dict[str, list[dict]], seeds: list[int], metric: str,

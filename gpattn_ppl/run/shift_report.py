@@ -11,6 +11,9 @@ per-run summary:
 * :func:`ood_rows` / :func:`format_ood_markdown`: every OOD detector's AUROC, AUPR-in, AUPR-out
   and FPR95 averaged over the given OOD sets (CGPT's Table III), and each set's AUROC.
 * :func:`severity_plots`: metric against severity (0 = the clean test set), one line per method.
+* :func:`paired_rows` / :func:`format_paired_markdown`: each method against a reference
+  (softmax, and softmax + TS) seed by seed, on the clean test set and the 15 x 5 mean: with
+  three seeds, a difference that holds on every seed says more than two overlapping mean ± std.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ from pathlib import Path
 
 from ..ood.shift import CGPT_CATEGORIES, shift_summary
 
-__all__ = ["OOD_METRICS", "format_ood_markdown", "format_shift_markdown", "ood_rows",
-           "severity_plots", "shift_rows"]
+__all__ = ["OOD_METRICS", "format_ood_markdown", "format_paired_markdown",
+           "format_shift_markdown", "ood_rows", "paired_rows", "severity_plots", "shift_rows"]
 
 #: detection metrics of the OOD table (keys of a detection report)
 OOD_METRICS = ("auroc", "aupr_in", "aupr_out", "fpr95")
+
+#: classification metrics where lower is better (for the others, higher is)
+LOWER_IS_BETTER = frozenset({"nll", "ece", "mce", "brier", "aurc", "eaurc"})
 
 
 def _stat(vals: list) -> tuple[float | None, float | None]:
@@ -171,3 +177,67 @@ def severity_plots(rows: list[dict], out_dir: str | Path,
         out.append(metric_vs_severity_plot(table, metric,
                                            Path(out_dir) / f"{metric}_vs_severity.png"))
     return out
+
+
+def paired_rows(runs: dict[str, list[dict]], reference: str = "softmax",
+                metrics=("acc", "nll", "ece")) -> list[dict]:
+    """Each method's run i against the reference's run i (the same seed: evidence and compare
+    list every method's runs in seed order), per metric on the clean test set and on the
+    15 x 5 CIFAR-10-C mean: ``d_i = metric(method, seed i) - metric(reference, seed i)``.
+
+    One row per method and reference (``reference``, and ``reference + TS`` when every run of
+    it was temperature scaled), a dict with ``method``, ``reference``, ``runs`` and ``diffs``:
+    ``("clean" | "shift", metric) -> [d_i]``. The methods are compared as they are (their own
+    ``+ TS`` rows are in :func:`shift_rows`). Deep ensembles are skipped (a block of seeds pairs
+    with no single reference run), as is a method whose number of runs is not the reference's.
+
+    :raises ValueError: ``reference`` not in ``runs``.
+    """
+    if reference not in runs:
+        raise ValueError(f"paired_rows: no runs of the reference {reference!r} "
+                         f"(methods: {', '.join(runs) or 'none'})")
+    refs = _with_ts({reference: runs[reference]})
+
+    def values(r: dict) -> dict:
+        kep = shift_summary(r)["mean"]
+        return {**{("clean", m): (r.get("test") or {}).get(m) for m in metrics},
+                **{("shift", m): kep.get(m) for m in metrics}}
+
+    ref_values = {name: [values(r) for r in res] for name, res in refs.items()}
+    rows = []
+    for method, results in runs.items():
+        if (method == reference or method.startswith("deep ensemble")
+                or len(results) != len(runs[reference])):
+            continue
+        mine = [values(r) for r in results]
+        for name, ref in ref_values.items():
+            rows.append({"method": method, "reference": name, "runs": len(results),
+                         "diffs": {k: [a[k] - b[k] for a, b in zip(mine, ref)]
+                                   for k in mine[0]
+                                   if all(a[k] is not None and b[k] is not None
+                                          for a, b in zip(mine, ref))}})
+    return rows
+
+
+def format_paired_markdown(rows: list[dict], metrics=("acc", "nll", "ece")) -> str:
+    """A markdown table: per method and reference, each paired difference as ``mean [min, max]
+    k/n``, k = the seeds on which the method is better (higher accuracy, lower NLL / ECE)."""
+    if not rows:
+        return "(no paired comparison: no method has as many runs as the reference)"
+    keys = [(where, m) for where in ("clean", "shift") for m in metrics]
+    names = {"clean": "clean", "shift": "C10-C"}
+    lines = ["| method | against | " + " | ".join(f"Δ{m.upper() if m != 'acc' else 'Acc'} "
+                                                 f"{names[w]}" for w, m in keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
+    for r in rows:
+        cells = []
+        for where, m in keys:
+            d = r["diffs"].get((where, m))
+            if not d:
+                cells.append("–")
+                continue
+            wins = sum((x < 0) if m in LOWER_IS_BETTER else (x > 0) for x in d)
+            cells.append(f"{statistics.fmean(d):+.3f} [{min(d):+.3f}, {max(d):+.3f}] "
+                         f"{wins}/{len(d)}")
+        lines.append(f"| {r['method']} | {r['reference']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -7,8 +7,10 @@ import torch
 from gpattn_ppl.ood import CGPT_CATEGORIES
 from gpattn_ppl.run.shift_report import (
     format_ood_markdown,
+    format_paired_markdown,
     format_shift_markdown,
     ood_rows,
+    paired_rows,
     severity_plots,
     shift_rows,
 )
@@ -101,3 +103,30 @@ def test_deep_ensembles_skip_classification_on_unlabelled_sets(tmp_path):
     assert out["ood"]["noise"]["classification"] is None
     assert 0 <= out["ood"]["shift"]["classification"]["acc"] <= 1
     assert set(out["ood"]["noise"]["detection"]) == {"max_softmax", "entropy"}
+
+
+def test_paired_rows_difference_seed_by_seed_against_softmax_and_its_ts_row():
+    runs = {"softmax": [fake_run(0.0, ts=True), fake_run(0.02, ts=True)],
+            "deep ensemble (2)": [fake_run(0.1)],
+            "unit": [fake_run(0.01), fake_run(0.01)],
+            "short": [fake_run(0.05)]}                  # one run against two: not paired
+    rows = paired_rows(runs)
+    assert [(r["method"], r["reference"]) for r in rows] == [("unit", "softmax"),
+                                                            ("unit", "softmax + TS")]
+    plain, ts = rows
+    # clean accuracy 0.95 + offset: unit - softmax = +0.01 on seed 0, -0.01 on seed 1
+    assert plain["diffs"][("clean", "acc")] == pytest.approx([0.01, -0.01])
+    # the 15 x 5 mean moves by 14/15 of the offset (glass blur stays at 0)
+    assert plain["diffs"][("shift", "acc")] == pytest.approx([0.01 * 14 / 15, -0.01 * 14 / 15])
+    assert plain["diffs"][("shift", "nll")] == pytest.approx([0.0, 0.0])
+    # against softmax + TS: its shift NLL is 0.5 against the unit's mean severity 3.0
+    assert ts["diffs"][("shift", "nll")] == pytest.approx([2.5, 2.5])
+    assert ts["diffs"][("clean", "nll")] == pytest.approx([0.1, 0.1])
+    table = format_paired_markdown(rows)
+    # better = higher accuracy (1 of 2 seeds), lower NLL (none of 2 against the TS row)
+    assert "| unit | softmax | +0.000 [-0.010, +0.010] 1/2 |" in table
+    assert "| unit | softmax + TS | +0.000 [-0.010, +0.010] 1/2 | +0.100 [+0.100, +0.100] 0/2 |" \
+        in table
+    with pytest.raises(ValueError, match="no runs of the reference 'softmax'"):
+        paired_rows({"unit": runs["unit"]})
+    assert "no paired comparison" in format_paired_markdown([])
