@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..ood.shift import CGPT_CATEGORIES, shift_summary
 
-__all__ = ["OOD_METRICS", "format_ood_markdown", "format_paired_markdown",
+__all__ = ["LOWER_IS_BETTER", "OOD_METRICS", "format_ood_markdown", "format_paired_markdown",
            "format_shift_markdown", "ood_rows", "paired_rows", "severity_plots", "shift_rows"]
 
 #: detection metrics of the OOD table (keys of a detection report)
