@@ -297,7 +297,7 @@ print("same test metrics:", again["test"] == results["test"])
 # run folder (config, vocabulary, best weights, temperature if any) without reading the data
 # files, and :meth:`~gpattn_ppl.run.predictor.Predictor.predict` returns the records that
 # ``predict`` prints. This run has no temperature (1): ``force=True`` deleted the earlier run's
-# ``calibration.json`` with its other files, and its own config does not ask for temperature
+# files (those its manifest lists), ``calibration.json`` with them, and its own config does not ask for temperature
 # scaling. The first sentence, made of training words of one topic, should be the most certain;
 # the others mix topics or consist mostly of words the training file does not have.
 
@@ -365,8 +365,10 @@ except ValueError as err:
 #
 #     $ gpattn-ppl --import mymodule train reviews.yaml --out runs/reviews
 #
-# The run records the imported modules in ``run.json``, and ``evaluate``, ``predict`` and
-# :func:`gpattn_ppl.load_run <gpattn_ppl.run.predictor.load_run>` import them again. An
+# The run records the imported modules in ``run.json``; ``evaluate`` and ``predict`` need the
+# same ``--import`` (a run folder never imports code by itself, so one shared with you cannot
+# run code), and :func:`gpattn_ppl.load_run <gpattn_ppl.run.predictor.load_run>` needs the
+# module imported first. An
 # installed package can declare its module as an entry point in the group
 # ``gpattn_ppl.plugins`` instead, which every command imports (see
 # :mod:`gpattn_ppl.run.plugins`).

@@ -12,6 +12,7 @@ are encoded like a bundle's splits by :func:`encoder_from_state` of ``bundle.enc
 ('tokens', 2)
 """
 
+from ._files import read_text_lines
 from .batch import Batch
 from .cifar import (
     CIFAR10_CLASSES,
@@ -112,6 +113,7 @@ __all__ = [
     "read_images",
     "read_imdb",
     "read_labelled_texts",
+    "read_text_lines",
     "read_texts",
     "register_dataset",
     "resolve_checkpoint",

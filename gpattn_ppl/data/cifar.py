@@ -103,6 +103,55 @@ def _read_npz_xz(path: Path, cache_dir: Path | None) -> tuple[np.ndarray, np.nda
     return x, y
 
 
+_RECONSTRUCT = np.ndarray.__reduce__(np.zeros(1))[0]  # numpy's _reconstruct, where it lives
+#: (module, name) -> object: the only globals a CIFAR-10 python batch may name
+_BATCH_GLOBALS = {("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
+                  ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
+                  ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles a CIFAR-10 python batch: dicts, lists, bytes, numbers and numpy arrays only;
+    any other global (``os.system``, ``builtins.eval``...) is refused before it is called."""
+
+    def __init__(self, file, path: Path) -> None:
+        super().__init__(file, encoding="bytes")  # the official batches are python 2 pickles
+        self.path = path
+
+    def find_class(self, module: str, name: str):
+        found = _BATCH_GLOBALS.get((module, name))
+        if found is None:
+            raise DataError(f"{self.path}: refused to unpickle the global {module}.{name}; a "
+                            "CIFAR-10 python batch holds only dicts, lists, bytes and numpy "
+                            "arrays (a crafted or foreign file)")
+        return found
+
+
+def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(images [n, 3, 32, 32] uint8, labels [n])`` of one python batch, unpickled by
+    :class:`_BatchUnpickler`."""
+    try:
+        with open(path, "rb") as f:
+            d = _BatchUnpickler(f, path).load()
+        if not isinstance(d, dict):
+            raise TypeError(f"expected a dict, got {type(d).__name__}")
+        data = d[b"data"]
+        if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
+            raise TypeError(f"b'data' must be a uint8 array, got {type(data).__name__} "
+                            f"{getattr(data, 'dtype', '')}".rstrip())
+        x = data.reshape(-1, 3, 32, 32)
+        y = np.asarray(d[b"labels"], dtype=np.int64)
+        if y.shape != (len(x),):
+            raise ValueError(f"{len(x)} images but labels of shape {y.shape}")
+    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, AttributeError,
+            IndexError) as err:
+        if isinstance(err, DataError):
+            raise
+        raise DataError(f"{path}: not a CIFAR-10 python batch, truncated or corrupt "
+                        f"({type(err).__name__}: {err})") from None
+    return x, y
+
+
 def _read_batches(folder: Path, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for name in names:
@@ -110,14 +159,9 @@ def _read_batches(folder: Path, names: list[str]) -> tuple[np.ndarray, np.ndarra
         if not path.is_file():
             raise FileNotFoundError(f"CIFAR-10 batch not found: {path} (expected the python "
                                     f"pickles {', '.join(_BATCHES['train'] + _BATCHES['test'])})")
-        try:
-            with open(path, "rb") as f:
-                d = pickle.load(f, encoding="bytes")  # the official format is a pickle
-            xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-            ys.append(np.asarray(d[b"labels"], dtype=np.int64))
-        except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as err:
-            raise DataError(f"{path}: not a CIFAR-10 python batch, truncated or corrupt "
-                            f"({type(err).__name__}: {err})") from None
+        x, y = _read_batch(path)
+        xs.append(x)
+        ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)
 
 
@@ -130,7 +174,10 @@ def read_cifar10(root: str | Path, *, cache_dir: str | Path | None = None
     - the compact one: ``root/{train,test}.npz.xz``, xz-compressed ``.npz`` with ``jpeg``
       (concatenated JPEG files), ``offsets`` ``[n + 1]`` and ``y``; decoded with Pillow;
     - the standard one: ``root/cifar-10-batches-py/{data_batch_1..5,test_batch}`` (or ``root``
-      being that folder), the python pickles of cifar-10-python.tar.gz.
+      being that folder), the python pickles of cifar-10-python.tar.gz, read by a restricted
+      unpickler: the only globals admitted are numpy's ``_reconstruct``, ``ndarray`` and
+      ``dtype``, anything else is a :class:`~gpattn_ppl.errors.DataError` naming the file and
+      the global, raised before it could run.
 
     :param root: the folder holding either layout.
     :param cache_dir: where the decoded JPEG arrays are kept as ``.npy`` (keyed by the

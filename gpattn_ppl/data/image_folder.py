@@ -1,7 +1,8 @@
 """Images from your own folders: the ``image_folder`` dataset (protocol ``given``).
 
 The training folder holds one sub-folder per class (class names = sorted sub-folder names, images
-anywhere below them); validation and test folders use the same class names, and a missing one is
+anywhere below them, symbolic links to files and folders followed, a link loop or a broken
+link refused by name); validation and test folders use the same class names, and a missing one is
 replaced by a seeded, label-stratified 10% of the training images. Images are read with Pillow,
 converted to RGB and resized (bicubic) to ``image_size x image_size``, like the CIFAR reader's
 ``uint8 [n, 3, H, W]``.
@@ -9,6 +10,7 @@ converted to RGB and resized (bicubic) to ``image_size x image_size``, like the 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,11 +32,17 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 def read_image(path: str | Path, image_size: int | None = 32) -> torch.Tensor:
     """One image file as ``[3, S, S]`` uint8 RGB (resized bicubic; ``None``: native size).
 
+    16-bit greyscale (Pillow modes ``I;16*`` and ``I``) is scaled to 8 bits as ``round(v / 257)``
+    (65535 -> 255, 32768 -> 128), not clipped; 16-bit colour PNGs are reduced by Pillow alike.
+
     :raises ValueError: naming the file when Pillow cannot read it.
     """
     try:
         with Image.open(path) as im:
-            if im.mode in ("P", "PA", "LA", "La") or "transparency" in im.info:
+            if im.mode == "I" or im.mode.startswith("I;16"):  # 16-bit greyscale PNG
+                grey = np.rint(np.asarray(im, dtype=np.float64) / 257.0).clip(0, 255)
+                im = Image.fromarray(grey.astype(np.uint8))  # mode L
+            elif im.mode in ("P", "PA", "LA", "La") or "transparency" in im.info:
                 im = im.convert("RGBA")  # alpha is dropped below, as palettes need
             rgb = im.convert("RGB")
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
@@ -62,9 +70,40 @@ def _is_image(p: Path) -> bool:
     return p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".") and p.is_file()
 
 
+def _dangling(p: Path) -> DataError:
+    return DataError(f"{p}: a broken symbolic link (to {os.readlink(p)}); remove it or fix its "
+                     "target")
+
+
 def _images_below(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if _is_image(p)
-                  and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    """The image files anywhere below ``folder``, sorted. Symbolic links to files and folders are
+    followed; names starting with a dot are skipped.
+
+    :raises DataError: a link to a folder that contains it (a loop), a broken link, or a folder
+        that cannot be listed, each by name.
+    """
+    found = []
+    stack = [(folder, frozenset([folder.resolve()]))]
+    while stack:
+        here, above = stack.pop()
+        try:
+            entries = sorted(here.iterdir())
+        except OSError as err:
+            raise DataError(f"{here}: cannot list the folder ({err.strerror})") from None
+        for p in entries:
+            if p.name.startswith("."):
+                continue
+            if p.is_dir():
+                real = p.resolve()
+                if real in above:
+                    raise DataError(f"{p}: a symbolic link to {real}, a folder that contains it "
+                                    "(a loop); remove the link")
+                stack.append((p, above | {real}))
+            elif _is_image(p):
+                found.append(p)
+            elif p.is_symlink() and not p.exists():
+                raise _dangling(p)
+    return sorted(found)
 
 
 def read_image_folder(folder: str | Path, *, image_size: int | None = 32,
@@ -72,7 +111,8 @@ def read_image_folder(folder: str | Path, *, image_size: int | None = 32,
                       ) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Read a folder of images with one sub-folder per class.
 
-    :param folder: the folder; images anywhere below a class sub-folder belong to that class.
+    :param folder: the folder; images anywhere below a class sub-folder belong to that class
+        (symbolic links to files and folders are followed).
     :param image_size: side ``S`` the images are resized to (bicubic); ``None``: native size.
     :param classes: the class names in index order (a training folder's); ``None``: this is the
         training folder and its sorted sub-folder names are the classes.
@@ -80,10 +120,13 @@ def read_image_folder(folder: str | Path, *, image_size: int | None = 32,
         in a sub-folder that is not a known class get label -1.
     :returns: ``(images [n, 3, S, S] uint8, labels [n] long, classes)``; files in sorted order.
     :raises ValueError: no images, an empty training class folder, fewer than 2 training
-        classes, an unknown class sub-folder, images outside class sub-folders (except OOD), or
-        an unreadable file.
+        classes, an unknown class sub-folder, images outside class sub-folders (except OOD), an
+        unreadable file, a symbolic link loop or a broken link.
     """
     folder = Path(folder)
+    for p in folder.iterdir():
+        if p.is_symlink() and not p.exists() and not p.name.startswith("."):
+            raise _dangling(p)
     subdirs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
     loose = sorted(p for p in folder.iterdir() if _is_image(p))
     exts = " ".join(IMAGE_EXTENSIONS)

@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import torch
 
 from ..errors import DataError
-from ._files import class_label, decode_utf8, utf8_lines
+from ._files import class_label, decode_utf8, json_line, utf8_lines
 from .cr import read_cr
 from .registry import RawData, register_dataset
 from .splits import cut, official_split, pool, seeded_permutation
@@ -36,10 +35,7 @@ def _read_jsonl(path: Path, strip_html: bool) -> tuple[list[str], torch.Tensor]:
         if not line.strip():
             continue
         where = f"{path}, line {lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
+        row = json_line(line, where)
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected a JSON object with 'text' and 'label', got "
                             f"{type(row).__name__}")

@@ -59,8 +59,8 @@ class DataBundle:
         (``select_metric`` of :class:`~gpattn_ppl.data.DatasetSpec`).
     :ivar classes: the ``K`` label names in index order (``None``: the dataset names none).
     :ivar fingerprint: sha256 hex digest of the name, protocol, split indices and the examples
-        and labels of train / val / test (see :func:`data_fingerprint`): equal digests, equal
-        data.
+        and labels of train / val / test and of every OOD set (see :func:`data_fingerprint`):
+        equal digests, equal data.
     :ivar encoder_state: JSON-able description of how inputs were encoded; new inputs encoded
         by :func:`~gpattn_ppl.data.encoder_from_state` match the splits' rows exactly.
     """
@@ -81,30 +81,53 @@ class DataBundle:
     classes: list[str] | None = None
     fingerprint: str = ""
     encoder_state: dict = field(default_factory=dict)
+    #: the version-1 digest (splits only) that run folders written before OOD sets counted hold
+    fingerprint_v1: str = ""
 
 
 def data_fingerprint(name: str, protocol: str, x: list[str] | torch.Tensor, y: torch.Tensor,
-                     splits: dict[str, torch.Tensor]) -> str:
-    """sha256 hex digest of ``name``, ``protocol`` and, per split (train, val, test), its indices,
-    labels and examples (texts as UTF-8, images as their bytes).
+                     splits: dict[str, torch.Tensor],
+                     ood: dict[str, tuple] | None = None, *, version: int = 2) -> str:
+    """sha256 hex digest of ``name``, ``protocol``, per split (train, val, test) its indices,
+    labels and examples (texts as UTF-8, images as their bytes), and every OOD set's name,
+    labels and examples, so that editing any file read, OOD files included, changes it.
+
+    Digests written before OOD sets counted (``version=1``: the splits only) differ from today's
+    (``version=2``) for the same files; :class:`DataBundle` carries both, so a run folder of
+    either kind is checked against its own (a version-1 run cannot see an edited OOD file).
 
     :param x: all examples (a list of texts or images ``[n, 3, H, W]``).
     :param y: ``[n]`` labels.
     :param splits: ``"train"``, ``"val"``, ``"test"`` -> indices into ``x``.
+    :param ood: name -> ``(examples, labels)`` of each OOD set as evaluated (after
+        ``limit_eval``); ``None``: no OOD sets.
     """
-    h = hashlib.sha256(json.dumps(["gpattn_ppl.data", 1, name, protocol]).encode())
+    if version not in (1, 2):
+        raise ValueError(f"data_fingerprint: unknown version {version!r}; allowed: 1, 2")
+    h = hashlib.sha256(json.dumps(["gpattn_ppl.data", version, name, protocol]).encode())
     for split in ("train", "val", "test"):
         idx = torch.as_tensor(splits[split], dtype=torch.long)
         h.update(f"\0{split}:{len(idx)}\0".encode())
         h.update(idx.numpy().astype("<i8").tobytes())
-        h.update(y[idx].numpy().astype("<i8").tobytes())
-        if isinstance(x, torch.Tensor):
-            h.update(f"{x.dtype}{tuple(x.shape[1:])}".encode())
-            h.update(np.ascontiguousarray(x[idx].numpy()).tobytes())
-        else:
-            texts = [x[i] for i in idx.tolist()]
-            h.update(json.dumps(texts, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        examples = x[idx] if isinstance(x, torch.Tensor) else [x[i] for i in idx.tolist()]
+        _hash_examples(h, examples, y[idx])
+    for key in sorted(ood if version > 1 and ood else {}, key=str):
+        ood_x, ood_y = ood[key]
+        ood_y = torch.as_tensor(ood_y)
+        h.update(f"\0ood:{json.dumps(str(key))}:{len(ood_y)}\0".encode())
+        _hash_examples(h, ood_x, ood_y)
     return h.hexdigest()
+
+
+def _hash_examples(h, x, y: torch.Tensor) -> None:
+    """Add labels and examples (an image array, or a sequence of texts) to the hash ``h``."""
+    h.update(torch.as_tensor(y).numpy().astype("<i8").tobytes())
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        x = torch.as_tensor(x)
+        h.update(f"{x.dtype}{tuple(x.shape[1:])}".encode())
+        h.update(np.ascontiguousarray(x.numpy()))
+    else:
+        h.update(json.dumps(list(x), ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
 # -- the entry point ---------------------------------------------------------------------------------
@@ -159,7 +182,8 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
         ``root``; ``csv``: ``train_file``, ``val_file``, ``test_file``, ``ood_files``,
         ``text_column``, ``label_column``, ``delimiter``; ``jsonl``: the same less
         ``delimiter``; ``image_folder``: ``train_dir``, ``val_dir``, ``test_dir``, ``ood_dirs``,
-        ``image_size``) and the encoder's options.
+        ``image_size``; an OOD set may not be named ``train``, ``val`` or ``test``) and the
+        encoder's options.
     :raises ValueError: unknown name / protocol / encoder (the message lists allowed values),
         malformed files (a :class:`~gpattn_ppl.errors.DataError` naming file, line and column),
         labels outside ``[0, num_classes)`` (:func:`check_labels`).
@@ -197,11 +221,15 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
     for key, limit in (("limit_train", limit_train), ("limit_eval", limit_eval)):
         if limit is not None and limit < 1:
             raise ValueError(f"{key} must be >= 1, got {limit}")
+    for option in ("ood_files", "ood_dirs"):  # checked before any file is read
+        if isinstance(kw.get(option), dict):
+            _check_ood_names(kw[option], f"data.{option}.{{key}}")
     split_seed = seed if kw.get("split_seed") is None else int(kw["split_seed"])
     raw = spec.builder(protocol=protocol, root=root, split_seed=split_seed, cache_dir=cache_dir,
                        **{k: kw[k] for k in spec.options if k in kw})
     if raw.classes is not None and len(raw.classes) != raw.num_classes:
         raise ValueError(f"{name}: {len(raw.classes)} class names for {raw.num_classes} classes")
+    _check_ood_names(raw.ood, f"{name}: OOD set {{key}}")
     check_labels(name, raw)
     splits = dict(raw.splits)
     ood = dict(raw.ood)
@@ -217,6 +245,8 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
     for split in ("train", "val", "test"):
         if len(splits[split]) == 0:
             raise ValueError(f"{name} ({protocol}): the {split} split is empty")
+    fingerprint = data_fingerprint(name, protocol, raw.x, raw.y, splits, ood)  # before encoding
+    fingerprint_v1 = data_fingerprint(name, protocol, raw.x, raw.y, splits, version=1)
 
     info = {"name": name, "protocol": protocol, "seed": seed, "split_seed": split_seed,
             "limit_train": limit_train, "limit_eval": limit_eval, **raw.info}
@@ -230,7 +260,6 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
         sets, ood, extra = _wrap_images(name, raw, splits, ood)
         info["normalize"] = {k: extra["encoder_state"][k] for k in ("mean", "std")}
     info["sizes"] = {s: len(d) for s, d in sets.items()} | {k: len(d) for k, d in ood.items()}
-    fingerprint = data_fingerprint(name, protocol, raw.x, raw.y, splits)
     info["load_seconds"] = round(time.perf_counter() - start, 3)
     return DataBundle(train=sets["train"], val=sets["val"], test=sets["test"], ood=ood,
                       num_classes=raw.num_classes, input_kind=extra["input_kind"],
@@ -238,7 +267,21 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
                       tokenizer=extra["tokenizer"], name=name, protocol=protocol, info=info,
                       select_metric=spec.select_metric,
                       classes=None if raw.classes is None else [str(c) for c in raw.classes],
-                      fingerprint=fingerprint, encoder_state=extra["encoder_state"])
+                      fingerprint=fingerprint, encoder_state=extra["encoder_state"],
+                      fingerprint_v1=fingerprint_v1)
+
+
+#: names an OOD set may not have: they would be taken for (and replace) the splits' results
+_RESERVED_OOD_NAMES = ("train", "val", "test")
+
+
+def _check_ood_names(names, where: str) -> None:
+    """:raises DataError: an OOD set named ``train``, ``val`` or ``test``; the message starts with
+        ``where``, its ``{key}`` replaced by the name."""
+    for key in names:
+        if str(key) in _RESERVED_OOD_NAMES:
+            raise DataError(f"{where.replace('{key}', str(key))}: an OOD set may not be named "
+                            f"{str(key)!r} (train, val and test are the splits' names); rename it")
 
 
 def check_labels(name: str, raw: RawData) -> None:

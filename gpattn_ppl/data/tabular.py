@@ -4,7 +4,9 @@
 ``jsonl`` reads one JSON object per line. Both take the training file and, optionally,
 validation, test and OOD files; a missing validation or test file is replaced by a seeded,
 label-stratified 10% of the training file. The classes are the sorted distinct training labels.
-Every problem in a file is reported with its path, line number and column.
+Every problem in a file is reported with its path, line number and column. Files are UTF-8 (a
+leading byte-order mark is dropped); a header naming a column twice and a JSON object with a
+duplicate key are refused rather than one of the two silently kept.
 """
 
 from __future__ import annotations
@@ -12,14 +14,13 @@ from __future__ import annotations
 import codecs
 import csv
 import io
-import json
 import re
 from pathlib import Path
 
 import torch
 
 from ..errors import DataError
-from ._files import decode_utf8
+from ._files import decode_utf8, json_line
 from .registry import RawData, register_dataset
 from .splits import stratified_split
 
@@ -91,6 +92,10 @@ def _rows_csv(path: Path, text_column: str, label_column: str, delimiter: str,
         if header is None:
             header = [c.strip() for c in row]
             found = ", ".join(repr(c) for c in header)
+            twice = sorted({c for c in header if c and header.count(c) > 1})
+            if twice:
+                raise DataError(f"{path}, line {start}: duplicate column {twice[0]!r} in the "
+                                 f"header (columns found: {found}); rename one")
             if text_column not in header:
                 raise DataError(f"{path}, line {start}: no column {text_column!r} in the header "
                                  f"(columns found: {found}); set data.text_column")
@@ -119,11 +124,7 @@ def _rows_jsonl(path: Path, text_column: str, label_column: str,
     for lineno, line in enumerate(_decode(path).split("\n"), 1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}, line {lineno}: invalid JSON ({err.msg} at column "
-                             f"{err.colno})") from None
+        obj = json_line(line, f"{path}, line {lineno}")
         if not isinstance(obj, dict):
             raise DataError(f"{path}, line {lineno}: expected a JSON object, got "
                              f"{type(obj).__name__}")

@@ -10,10 +10,14 @@
 """
 
 from .checkpoint import (
+    WARM_START_MIN_SHARE,
     CheckpointError,
+    UnsafeCheckpointError,
     atomic_write,
     init_from,
     load_checkpoint,
+    load_predictions,
+    load_pt,
     rng_state,
     save_atomic,
     set_rng_state,
@@ -31,6 +35,7 @@ from .predictive import predict, program_pass
 from .program import PyroProgram
 
 __all__ = ["CheckpointError", "LOSS_RANGE", "PyroProgram", "TERM_HINTS", "TERM_RATIO",
-           "atomic_write", "epoch_clock", "fit_epoch", "init_from", "load_checkpoint", "lr_lambda",
+           "UnsafeCheckpointError", "WARM_START_MIN_SHARE", "atomic_write", "epoch_clock", "fit_epoch", "init_from",
+           "load_checkpoint", "load_predictions", "load_pt", "lr_lambda",
            "objective_checks", "predict", "program_pass", "rng_state", "save_atomic",
            "set_rng_state"]

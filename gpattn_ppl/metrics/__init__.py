@@ -43,7 +43,13 @@ from .ood_detection import (
 )
 from .report import HIGHER_IS_BETTER, METRIC_NAMES, classification_report
 from .selective import AURC, aurc, eaurc, risk_coverage_curve
-from .temperature import apply_temperature, fit_temperature
+from .temperature import (
+    TEMPERATURE_RANGE,
+    TemperatureWarning,
+    apply_temperature,
+    check_temperature,
+    fit_temperature,
+)
 from .uncertainty import (
     expected_entropy,
     mutual_information,
@@ -57,8 +63,11 @@ __all__ = [
     "CalibrationError",
     "HIGHER_IS_BETTER",
     "METRIC_NAMES",
+    "TEMPERATURE_RANGE",
+    "TemperatureWarning",
     "accuracy",
     "apply_temperature",
+    "check_temperature",
     "aurc",
     "brier_score",
     "calibration_bins",

@@ -30,7 +30,29 @@ from torch import Tensor
 
 from ._validation import _as_tensor, as_labels, as_logits
 
-__all__ = ["fit_temperature", "apply_temperature"]
+__all__ = ["TEMPERATURE_RANGE", "TemperatureWarning", "fit_temperature", "apply_temperature",
+           "check_temperature"]
+
+#: the temperatures a fit may return and a run folder may hold: beyond them the validation
+#: predictions say nothing (tau -> infinity: uniform) or the split is separable (tau -> 0)
+TEMPERATURE_RANGE = (1e-2, 1e2)
+
+
+class TemperatureWarning(UserWarning):
+    """The temperature fit stopped at a bound of :data:`TEMPERATURE_RANGE`."""
+
+
+def check_temperature(tau, where: str = "temperature") -> float:
+    """``tau`` as a float, if it lies in :data:`TEMPERATURE_RANGE`.
+
+    :raises ValueError: not a number, or outside the range (naming ``where`` and the value).
+    """
+    lo, hi = TEMPERATURE_RANGE
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)):
+        raise ValueError(f"{where}: expected a number, got {tau!r}")
+    if not (math.isfinite(tau) and lo <= tau <= hi):
+        raise ValueError(f"{where}: {tau!r} is outside the sane range [{lo:g}, {hi:g}]")
+    return float(tau)
 
 
 def _logits_and_labels(logits, labels) -> tuple[Tensor, Tensor]:
@@ -64,8 +86,11 @@ def fit_temperature(logits, labels, *, max_iter: int = 100) -> float:
     (strong-Wolfe line search) in float64 on a detached copy of the logits (no gradient reaches
     the inputs). If the result is not a finite positive number, or its NLL is larger than at
     :math:`\tau = 1`, the fit is rejected and ``1.0`` (no scaling) is returned. Fit on
-    validation data, never on the test set. On perfectly separated data the NLL decreases
-    towards :math:`\tau \to 0`; the fit then stops where the gradient vanishes numerically.
+    validation data, never on the test set. The result is confined to
+    :data:`TEMPERATURE_RANGE`: on perfectly separated data the NLL decreases towards
+    :math:`\tau \to 0`, on uninformative predictions towards :math:`\tau \to \infty` (tiny
+    splits reached 1e8 before); a fit that ends at a bound returns the bound and warns
+    (:class:`TemperatureWarning`).
 
     :param logits: per-pass logits ``[T, n, K]``, or ``[n, K]`` for one pass.
     :param labels: integer labels ``[n]`` in ``[0, K)``.
@@ -95,13 +120,24 @@ def fit_temperature(logits, labels, *, max_iter: int = 100) -> float:
         opt.step(closure)
     with torch.no_grad():
         s = log_tau.detach()
-        tau = float(torch.exp(s))
-        if not (math.isfinite(tau) and tau > 0.0):
+        if not bool(torch.isfinite(s)):
             return 1.0
+        lo, hi = TEMPERATURE_RANGE
+        s = s.clamp(math.log(lo), math.log(hi))
+        tau = float(torch.exp(s))
+        at_bound = s.item() in (math.log(lo), math.log(hi))
         nll = float(_tempered_nll(z, y, s))
         nll_one = float(_tempered_nll(z, y, torch.zeros_like(s)))
     if not math.isfinite(nll) or nll > nll_one:
         return 1.0
+    if at_bound:
+        import warnings
+
+        warnings.warn(f"temperature scaling: the fit reached the bound tau = {tau:g} of "
+                      f"[{lo:g}, {hi:g}] (uninformative or separable validation predictions, "
+                      "or a tiny validation split); the bound is used", TemperatureWarning,
+                      stacklevel=2)
+        tau = lo if s.item() == math.log(lo) else hi
     return tau
 
 

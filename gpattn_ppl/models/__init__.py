@@ -9,6 +9,7 @@ from .spec import (
     ConfigError,
     Option,
     check_model,
+    check_plain,
     check_section,
     check_value,
     read_yaml_mapping,
@@ -34,6 +35,6 @@ __all__ = ["AttentionHost", "AttentionLayer", "BertAttentionAdapter", "ConfigErr
            "HFClassifier", "PrefixCache", "SelfAttentionAdapter",
            "HOSTS",
            "MODEL_SCHEMA", "MultiheadAttentionAdapter", "Option", "POOLING", "TextClassifier", "TransformerClassifier",
-           "ViTClassifier", "assemble_model", "attention_units", "build_model", "calibrate_swapped", "check_model", "check_section",
+           "ViTClassifier", "assemble_model", "attention_units", "build_model", "calibrate_swapped", "check_model", "check_plain", "check_section",
            "check_value", "find_attention_layers", "gap_to_softmax", "key_mask", "load_hf_encoder", "read_yaml_mapping", "resolve_block_attention",
            "swap_attention", "validate_model_spec"]

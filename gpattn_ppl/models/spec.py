@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -23,25 +24,163 @@ import yaml
 
 from ..errors import GpattnError
 
-__all__ = ["ConfigError", "MODEL_SCHEMA", "Option", "check_model", "check_section", "check_value",
-           "read_yaml_mapping", "validate_model_spec"]
+__all__ = ["ConfigError", "MODEL_SCHEMA", "Option", "check_model", "check_plain", "check_section",
+           "check_value", "read_yaml_mapping", "validate_model_spec"]
 
 
 class ConfigError(GpattnError, ValueError):
     """An invalid configuration; the message names the key path."""
 
 
+#: largest config file :func:`read_yaml_mapping` reads (bytes)
+MAX_CONFIG_BYTES = 1 << 20
+#: deepest nesting of mappings / lists a config may have
+MAX_CONFIG_DEPTH = 32
+
+_YAML = "tag:yaml.org,2002:"
+_INT_RE = re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+")
+_FLOAT_RE = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_INF_NAN = {".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf, ".nan": math.nan}
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """A YAML construct a config file may not use (message: ``line L, column C: <problem>``)."""
+
+    def __init__(self, mark, problem: str) -> None:
+        super().__init__(problem=problem, problem_mark=mark)
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """The one YAML loader of config files and ``--set`` values: YAML 1.2 core schema, strict.
+
+    - scalars: ``true``/``false`` (any case spelling of the core schema) are booleans,
+      ``null``/``~``/empty is null, integers are decimal (``010`` is 10), ``0o10`` (8) or
+      ``0x1f``; floats ``1e-3``, ``.5``, ``.inf``, ``.nan``. Everything else is a string:
+      YAML 1.1's ``yes``/``no``/``on``/``off``, sexagesimal ``1:30``, ``1_000``, ``0b101``,
+      dates and the merge key ``<<``;
+    - a duplicate key in any mapping is refused (its line, column and name);
+    - aliases (``*name``) are refused, so no "billion laughs" expansion; anchors alone are
+      harmless; nesting deeper than :data:`MAX_CONFIG_DEPTH` is refused;
+    - only the tags ``!!str !!int !!float !!bool !!null !!map !!seq`` are constructed (no
+      ``!!python/...``, ``!!binary``, ``!!set``, ``!!timestamp``).
+
+    Every refusal is a :class:`yaml.YAMLError` with the position (:func:`read_yaml_mapping`
+    turns it into a :class:`ConfigError` naming the file).
+    """
+
+    yaml_implicit_resolvers: dict = {}
+    yaml_constructors: dict = {}
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise _Refused(event.start_mark, f"alias *{event.anchor} is not allowed in a config "
+                           "file (aliases can expand without bound); write the value out")
+        self._depth += 1
+        try:
+            if self._depth > MAX_CONFIG_DEPTH:
+                raise _Refused(self.peek_event().start_mark, "nested deeper than "
+                               f"{MAX_CONFIG_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if not isinstance(node, yaml.MappingNode):
+            raise _Refused(node.start_mark, f"expected a mapping, found {node.id}")
+        mapping: dict = {}
+        first: dict = {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                raise _Refused(key_node.start_mark, "a mapping key must be a scalar") from None
+            if key in mapping:
+                raise _Refused(key_node.start_mark, f"duplicate key {key!r} (first at line "
+                               f"{first[key].line + 1}); each key may appear once per mapping")
+            first[key] = key_node.start_mark
+            mapping[key] = self.construct_object(value_node, deep=deep)
+        return mapping
+
+    def construct_undefined(self, node):
+        tag = node.tag.replace(_YAML, "!!", 1) if node.tag.startswith(_YAML) else node.tag
+        raise _Refused(node.start_mark, f"the tag {tag} is not allowed in a config file "
+                       "(allowed: !!str !!int !!float !!bool !!null !!map !!seq)")
+
+    def _scalar(self, node, pattern, what: str) -> str:
+        value = self.construct_scalar(node)
+        if not pattern(value):
+            raise _Refused(node.start_mark, f"{value!r} is not {what} (YAML 1.2)")
+        return value
+
+    def construct_yaml_int(self, node):
+        value = self._scalar(node, _INT_RE.fullmatch, "an integer")
+        if value[:2] in ("0o", "0x"):
+            return int(value[2:], 8 if value[1] == "o" else 16)
+        return int(value, 10)
+
+    def construct_yaml_float(self, node):
+        value = self._scalar(node, lambda v: v.lower() in _INF_NAN or _FLOAT_RE.fullmatch(v),
+                             "a number")
+        return _INF_NAN[value.lower()] if value.lower() in _INF_NAN else float(value)
+
+    def construct_yaml_bool(self, node):
+        return self._scalar(node, lambda v: v.lower() in ("true", "false"),
+                            "true or false").lower() == "true"
+
+    def construct_yaml_null(self, node):
+        self._scalar(node, lambda v: v in ("", "~", "null", "Null", "NULL"), "null")
+
+
+ConfigLoader.yaml_constructors = {
+    f"{_YAML}null": ConfigLoader.construct_yaml_null,
+    f"{_YAML}bool": ConfigLoader.construct_yaml_bool,
+    f"{_YAML}int": ConfigLoader.construct_yaml_int,
+    f"{_YAML}float": ConfigLoader.construct_yaml_float,
+    f"{_YAML}str": yaml.SafeLoader.construct_yaml_str,
+    f"{_YAML}seq": yaml.SafeLoader.construct_yaml_seq,
+    f"{_YAML}map": yaml.SafeLoader.construct_yaml_map,
+    None: ConfigLoader.construct_undefined,
+}
+for _tag, _regexp, _first in (
+        ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
+        ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
+        ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                  r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", "-+.0123456789"),
+        ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""])):
+    ConfigLoader.add_implicit_resolver(f"{_YAML}{_tag}", re.compile(_regexp), list(_first))
+
+
+def load_yaml(text: str):
+    """``text`` parsed by :class:`ConfigLoader` (YAML 1.2 core schema, strict).
+
+    :raises yaml.YAMLError: invalid YAML, a duplicate key, an alias, a refused tag (with the
+        position; :func:`read_yaml_mapping` names the file with it).
+
+    >>> load_yaml("seed: 010\\nmode: 0o10\\nflag: yes\\nlr: 1e-3")
+    {'seed': 10, 'mode': 8, 'flag': 'yes', 'lr': 0.001}
+    """
+    return yaml.load(text, Loader=ConfigLoader)  # a SafeLoader subclass: no python objects
+
+
 def read_yaml_mapping(path: str | Path) -> dict:
-    """The top-level mapping of a YAML file.
+    """The top-level mapping of a YAML config file, read by :class:`ConfigLoader`.
 
     :raises FileNotFoundError: no such file.
-    :raises ConfigError: naming the file: not UTF-8, invalid YAML (with its line and column),
+    :raises ConfigError: naming the file: larger than :data:`MAX_CONFIG_BYTES` (1 MiB), not
+        UTF-8, invalid YAML, a duplicate key, an alias, a refused tag (with its line and column),
         empty, or a top level that is not a mapping.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
-    data = path.read_bytes()
+    with open(path, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes (1 MiB), the limit for "
+                          "a config file")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -49,7 +188,7 @@ def read_yaml_mapping(path: str | Path) -> dict:
         raise ConfigError(f"{path}, line {line}: not valid UTF-8 (byte "
                           f"0x{data[err.start]:02x}); save the file as UTF-8") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: {_yaml_problem(err)}") from None
     if raw is None:
@@ -62,11 +201,12 @@ def read_yaml_mapping(path: str | Path) -> dict:
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
-    """``"line L, column C: invalid YAML (<problem>)"`` of a PyYAML error (1-based position)."""
+    """``"line L, column C: invalid YAML (<problem>)"`` of a PyYAML error (1-based position);
+    a construct :class:`ConfigLoader` refuses reads ``"line L, column C: <problem>"``."""
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
     problem = getattr(err, "problem", None) or str(err).splitlines()[0]
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return f"{where}invalid YAML ({problem})"
+    return f"{where}{problem}" if isinstance(err, _Refused) else f"{where}invalid YAML ({problem})"
 
 
 class Option:
@@ -129,21 +269,32 @@ def _at_least(low, types=int, default=None, **kw) -> Option:
     return Option(types, default, low=low, **kw)
 
 
+#: the largest width (``model.dim``, ``model.feature_dim``): far above any model this library
+#: trains, low enough that a typo (``dim: 200000``) is a config error and not an allocation of
+#: hundreds of GB
+MAX_DIM = 65536
+#: the largest sequence length (``model.max_len``, ``data.max_len``) and image side
+MAX_LEN = 1_000_000
+MAX_IMAGE = 16384
+
 #: key -> :class:`Option` of the ``model`` section.
 MODEL_SCHEMA: dict[str, Option] = {
     "arch": Option(str, "text", ("text", "vit", "hf")),
-    "dim": _at_least(1, default=128), "depth": _at_least(1, default=2),
-    "heads": _at_least(1, default=4), "mlp_dim": _at_least(1, default=256),
+    "dim": _at_least(1, default=128, high=MAX_DIM), "depth": _at_least(1, default=2, high=1024),
+    "heads": _at_least(1, default=4),  # at most dim: it divides it
+    "mlp_dim": _at_least(1, default=256, high=4 * MAX_DIM),
     "dropout": Option(_NUM, 0.1, low=0, high=1, high_open=True),
     "attn_dropout": Option(_NUM + (_NONE,), None, low=0, high=1, high_open=True),
     "mc_dropout": Option(bool, False),
-    "max_len": _at_least(1, default=64),
-    "image_size": _at_least(1, default=32), "patch_size": _at_least(1, default=4),
-    "channels": _at_least(1, default=3),
+    "max_len": _at_least(1, default=64, high=MAX_LEN),
+    "image_size": _at_least(1, default=32, high=MAX_IMAGE),
+    "patch_size": _at_least(1, default=4, high=MAX_IMAGE),
+    "channels": _at_least(1, default=3, high=4096),
     "attention": Option(dict, {"kind": "softmax"}, free=True),
     "overrides": Option(list, [], free=True),
-    "num_classes": _at_least(2, (int, _NONE)), "vocab_size": _at_least(2, (int, _NONE)),
-    "feature_dim": _at_least(1, (int, _NONE)),
+    "num_classes": _at_least(2, (int, _NONE), high=1_000_000),
+    "vocab_size": _at_least(2, (int, _NONE), high=10_000_000),
+    "feature_dim": _at_least(1, (int, _NONE), high=MAX_DIM),
     # arch hf: a pretrained Hugging Face encoder (models/hf.py)
     "checkpoint": Option((str, _NONE), None), "pooling": Option(str, "mean", ("cls", "mean")),
     "freeze": Option(str, "none", ("none", "embeddings", "all-but-swapped")),
@@ -154,6 +305,48 @@ MODEL_SCHEMA: dict[str, Option] = {
 def _defaults(schema: dict) -> dict:
     return {k: (_defaults(v) if isinstance(v, dict) else copy.deepcopy(v.default))
             for k, v in schema.items()}
+
+
+#: the most values (mapping entries and list items, nested ones included) and the deepest
+#: nesting one config value may hold: a config value is a short mapping or list, and a YAML
+#: "billion laughs" (aliases of aliases) must not reach a deep copy or ``json.dumps``
+MAX_VALUE_ITEMS = 10_000
+MAX_VALUE_DEPTH = 16
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_plain(value: Any, where: str) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is plain data: mappings with string keys,
+    lists, and ``str`` / ``int`` / ``float`` / ``bool`` / ``None`` leaves (no dates, bytes or
+    other YAML types), at most :data:`MAX_VALUE_ITEMS` entries in all and
+    :data:`MAX_VALUE_DEPTH` levels deep. The walk stops at the limit, so a YAML bomb costs
+    nothing."""
+    count = 0
+    stack = [(value, where, 0)]
+    while stack:
+        node, at, depth = stack.pop()
+        if isinstance(node, _SCALARS):
+            continue
+        if depth >= MAX_VALUE_DEPTH:
+            raise ConfigError(f"{where}: nested more than {MAX_VALUE_DEPTH} levels deep; a config "
+                              "value is a short mapping or list")
+        if isinstance(node, dict):
+            items = []
+            for k, v in node.items():
+                if not isinstance(k, str):
+                    raise ConfigError(f"{at}: key {_got(k)} is not a string; write names as "
+                                      "strings")
+                items.append((v, f"{at}.{k}"))
+        elif isinstance(node, list):
+            items = [(v, f"{at}[{i}]") for i, v in enumerate(node)]
+        else:
+            raise ConfigError(f"{at}: expected a str, number, bool, null, mapping or list, got "
+                              f"{type(node).__name__} {node!r:.60}")
+        count += len(items)
+        if count > MAX_VALUE_ITEMS:
+            raise ConfigError(f"{where}: more than {MAX_VALUE_ITEMS} values (a YAML alias bomb?); "
+                              "a config value is a short mapping or list")
+        stack.extend((v, a, depth + 1) for v, a in items)
 
 
 def check_section(value: Any, schema: dict, path: str) -> dict:
@@ -180,7 +373,9 @@ def check_section(value: Any, schema: dict, path: str) -> dict:
                               f"got bool {v}")
         if not isinstance(v, spec.types):
             raise ConfigError(f"{where}: expected {'/'.join(t.__name__ for t in spec.types)}, "
-                              f"got {type(v).__name__} {v!r}")
+                              f"got {_got(v)}")
+        if isinstance(v, (dict, list)):
+            check_plain(v, where)
         if spec.choices is not None and v not in spec.choices:
             raise ConfigError(f"{where}: {v!r} is not allowed; allowed: {', '.join(spec.choices)}")
         spec.check_range(v, where)
@@ -353,7 +548,7 @@ def _check_attention(spec: Any, where: str) -> dict:
         raise ConfigError(f"{where}: expected a mapping with a 'kind' key "
                           f"(allowed kinds: {', '.join(sorted(ATTENTION))})")
     kind = spec["kind"]
-    if kind not in ATTENTION:
+    if not isinstance(kind, str) or kind not in ATTENTION:
         raise ConfigError(f"{where}.kind: unknown attention kind {kind!r}; "
                           f"allowed: {', '.join(sorted(ATTENTION))}")
     allowed = attention_options(kind)

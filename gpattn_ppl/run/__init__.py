@@ -1,9 +1,14 @@
 """The application: config -> data -> model -> fit -> evaluate, on top of the library.
 
 * :mod:`~gpattn_ppl.run.config` -- the experiment config, validated once;
-* :mod:`~gpattn_ppl.run.experiment` -- :class:`~gpattn_ppl.run.experiment.Trainer` (one run
-  into a run folder, exact resume) and :func:`~gpattn_ppl.run.experiment.evaluate_run`;
-* :mod:`~gpattn_ppl.run.rundir` -- what a run folder holds and when it may be written;
+* :mod:`~gpattn_ppl.run.assembly` -- config -> data bundle -> network -> program, the manifest;
+* :mod:`~gpattn_ppl.run.training` -- :class:`~gpattn_ppl.run.training.Trainer` (one run into a
+  run folder, exact resume);
+* :mod:`~gpattn_ppl.run.results` -- :func:`~gpattn_ppl.run.results.evaluate_run`, the one writer
+  of a run's results (:mod:`~gpattn_ppl.run.experiment` gathers these three's public names);
+* :mod:`~gpattn_ppl.run.rundir` -- what a run folder holds, when it may be written, its lock;
+* :mod:`~gpattn_ppl.run.runfolder` -- :func:`~gpattn_ppl.run.runfolder.open_run`, the one
+  reader of a run folder (weights only, schemas, cross-file checks);
 * :mod:`~gpattn_ppl.run.evaluate` -- test and OOD metrics of a trained program (and
   temperature scaling);
 * :mod:`~gpattn_ppl.run.predictor` -- :func:`~gpattn_ppl.run.predictor.load_run`: predict with a
@@ -30,33 +35,39 @@ import importlib
 #: submodule -> the names it exports; they are imported from it on first use
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "allocator": ("keep_freed_memory",),
-    "benchmarking": ("bench_arg_parser", "bench_device", "bench_layers", "build_unit",
-                     "peak_memory", "sync_counter", "SYNC_OPS", "provenance",
+    "assembly": ("MANIFEST_FORMAT", "VALIDATION_METRICS", "build_net", "check_same_data",
+                 "data_sizes", "load_bundle", "model_and_program", "new_manifest",
+                 "parameter_groups", "selection_metric"),
+    "benchmarking": ("bench_arg_parser", "bench_device", "bench_layers", "bench_specs",
+                     "build_unit", "peak_memory", "sync_counter", "SYNC_OPS", "provenance",
                      "layer_inputs", "layer_step_time", "loglog_slope", "machine_info",
                      "round_summary", "spec_step_time", "split_spec", "time_against_softmax",
                      "time_fn", "train_step", "write_json"),
-    "cli": ("build_parser", "main"),
-    "compare": ("BEST_DETECTOR", "TABLE_COLUMNS", "block_ensembles", "ensemble_results",
-                "format_markdown", "run_compare", "significantly_better", "summarise",
-                "write_table"),
-    "config": ("Config", "ConfigError", "SCHEMA", "apply_overrides", "load_config",
-               "validate_config"),
+    "cli": ("CommandLineError", "build_parser", "main"),
+    "compare": ("BEST_DETECTOR", "COMPARE_MANIFEST", "ComparePlan", "PlannedRun",
+                "TABLE_COLUMNS", "block_ensembles", "ensemble_results", "execute_plan",
+                "format_markdown", "plan_compare", "run_compare", "significantly_better",
+                "summarise", "write_table"),
+    "config": ("Config", "ConfigError", "SCHEMA", "apply_overrides", "check_extras",
+               "load_config", "requires_extras", "validate_config"),
     "demo": ("DEMO_PRESETS", "demo_encoder", "demo_methods", "run_demo", "verdict"),
     "evaluate": ("check_ood_names", "evaluate_model", "evaluate_predictions", "temper"),
-    "experiment": ("Trainer", "VALIDATION_METRICS", "build_net", "data_sizes", "evaluate_run",
-                   "load_bundle", "selection_metric", "step0_terms"),
     "output": ("dumps", "strict", "summary"),
     "plugins": ("ENTRY_POINT_GROUP", "import_plugins", "imported_plugins", "load_entry_points"),
     "predictor": ("Predictor", "load_run", "read_inputs"),
-    "rundir": ("RUN_FILES", "RunFolderError", "check_run_folder", "clear_run_files",
-               "config_differences", "holds_run", "read_manifest", "write_json_atomic"),
-    "plotting": ("metric_vs_severity_plot", "ood_score_histogram", "plot_runs",
-                 "reliability_diagram", "risk_coverage_plot"),
+    "results": ("draw_run_plots", "evaluate_best", "evaluate_run", "numerics_summary"),
+    "rundir": ("LOCK_FILE", "RUN_FILES", "RunFolderError", "acquire_lock", "check_run_folder",
+               "clear_run_files", "config_differences", "holds_run", "listed_files",
+               "read_manifest", "record_files", "run_lock", "write_json_atomic"),
+    "runfolder": ("RunFolder", "open_run", "written_run"),
+    "plotting": ("metric_vs_severity_plot", "ood_score_histogram", "planned_plot_names",
+                 "plot_runs", "reliability_diagram", "risk_coverage_plot"),
     "shift_report": ("LOWER_IS_BETTER", "OOD_METRICS", "format_ood_markdown",
                      "format_paired_markdown", "format_shift_markdown", "ood_rows", "paired_rows",
                      "severity_plots", "shift_rows"),
     "runtime": ("barrier", "init_distributed", "peak_memory_mb", "seed_everything",
                 "select_device"),
+    "training": ("Trainer", "step0_terms"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -22,7 +22,8 @@ from torch.utils._pytree import tree_flatten
 
 __all__ = ["time_fn", "split_spec", "build_unit", "layer_inputs", "train_step", "layer_step_time",
            "spec_step_time", "time_against_softmax", "round_summary", "loglog_slope",
-           "machine_info", "write_json", "bench_layers", "bench_arg_parser", "bench_device",
+           "machine_info", "write_json", "bench_layers", "bench_specs", "bench_arg_parser",
+           "bench_device",
            "peak_memory", "sync_counter", "SYNC_OPS", "provenance"]
 
 
@@ -33,7 +34,13 @@ def _sync(device: torch.device) -> None:
 
 def time_fn(fn, *, repeats: int = 20, warmup: int = 3, device: torch.device | str = "cpu"
             ) -> dict[str, float]:
-    """Median / min / mean seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+    """Median / min / mean seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
+
+    :raises ValueError: ``repeats < 1`` or ``warmup < 0``."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
     device = torch.device(device)
     for _ in range(warmup):
         fn()
@@ -211,9 +218,61 @@ def write_json(obj: dict, path: str | Path) -> Path:
     return path
 
 
+_SPEC_EXAMPLE = '\'{"kind": "kernel", "symmetric": true}\''
+
+
+def bench_specs(words: list[str], dim: int | None = None, heads: int | None = None
+                ) -> list[dict]:
+    """The attention specs of ``gpattn-ppl bench``'s words: a kind name (``sgpa``) or a JSON
+    object with a ``"kind"`` key and the unit's options (``{"kind": "kernel", "symmetric":
+    true}``), each checked against the attention registry (kind, option names and types);
+    given ``dim`` and ``heads``, each unit is also built once (RNG state kept), so that its own
+    rules on the values (``temperature must be > 0``) fail here.
+
+    :raises ~gpattn_ppl.models.spec.ConfigError: naming the word as ``kinds[i]``: invalid JSON,
+        not an object, no ``"kind"``, an unknown kind or option, a value of the wrong type or
+        refused by the unit.
+    """
+    import json
+
+    from ..models.spec import ConfigError, _check_attention
+
+    specs = []
+    for i, word in enumerate(words):
+        where = f"kinds[{i}]"
+        if word.lstrip().startswith("{"):
+            try:
+                spec = json.loads(word)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{where}: {word!r} is not valid JSON ({err.msg}, column "
+                                  f"{err.colno}); e.g. {_SPEC_EXAMPLE}") from None
+            if not isinstance(spec, dict) or "kind" not in spec:
+                raise ConfigError(f"{where}: {word!r} has no \"kind\" key; e.g. {_SPEC_EXAMPLE}")
+        else:
+            spec = {"kind": word}
+        spec = _check_attention(spec, where)
+        if dim is not None and heads is not None:
+            with torch.random.fork_rng(devices=[]):
+                try:
+                    build_unit(spec, dim, heads)
+                except (ValueError, TypeError) as err:
+                    raise ConfigError(f"{where} (kind {spec['kind']!r}): {err}") from None
+        specs.append(spec)
+    return specs
+
+
 def bench_layers(kinds: list[dict], *, B: int = 32, N: int = 64, dim: int = 128, heads: int = 4,
                  repeats: int = 20, device: str = "cpu") -> dict:
-    """Forward+backward time of each attention spec, and its ratio to softmax in the same run."""
+    """Forward+backward time of each attention spec, and its ratio to softmax in the same run.
+
+    :raises ValueError: a size or ``repeats`` that is not a positive integer, or ``dim`` not a
+        multiple of ``heads``."""
+    for name, value in (("B", B), ("N", N), ("dim", dim), ("heads", heads),
+                        ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if dim % heads:
+        raise ValueError(f"dim ({dim}) must be a multiple of heads ({heads})")
     base = spec_step_time({"kind": "softmax"}, B, N, dim, heads, repeats=repeats, device=device)
     rows = []
     for spec in kinds:

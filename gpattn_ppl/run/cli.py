@@ -1,24 +1,63 @@
 """Command line: ``gpattn-ppl train | evaluate | predict | plot | compare | bench | demo``.
 
 Every command prints strict JSON or Markdown; errors the user can fix (a bad config, a missing
-or malformed file, a refused run folder) print one ``gpattn-ppl <command>: error: ...`` line and
-exit with 2; any other exception is a bug (one line saying so, exit 1). ``--debug`` shows the
-traceback instead.
+or malformed file, a refused run folder, a bad argument) print one ``gpattn-ppl <command>: error:
+...`` line, at most one ``hint: ...`` line after it, and exit with 2; any other exception is a
+bug (one line saying so, exit 1). ``--debug`` shows the traceback instead.
 ``--set KEY.PATH=VALUE`` pairs may come before or after the positional arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
 
-__all__ = ["main", "build_parser"]
+from ..errors import GpattnError
+
+__all__ = ["main", "build_parser", "CommandLineError"]
 
 _SET_HELP = ("override a config value, e.g. --set train.lr=1e-3 model.attention.kind=kernel "
              "(YAML scalars; may come before or after the positional arguments)")
 _PAIR = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*=")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors follow the command line's rule: one ``gpattn-ppl
+    <command>: error: ...`` line and one hint line (not the whole usage), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\nhint: `{self.prog} --help` lists the "
+                  "arguments, with an example\n")
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (``--batch-size 0`` is refused by name)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+class CommandLineError(GpattnError, ValueError):
+    """A command-line value the command cannot use (``predict --out`` onto its input); exit
+    status 2."""
+
+
+def _seed(text: str) -> int:
+    """An argparse type: a seed, an integer in 0 .. 2**32 - 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer seed, got {text!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be in 0 .. {2**32 - 1}, got {value}")
+    return value
 
 
 def _version() -> str:
@@ -57,11 +96,7 @@ def _evaluate(args) -> int:
     from .output import dumps, summary
 
     results = evaluate_run(args.run_dir, ood=args.ood, overrides=args.set,
-                           allow_changed_data=args.allow_changed_data)
-    if not args.no_plots:
-        from .plotting import plot_runs
-
-        plot_runs([Path(args.run_dir)], Path(args.run_dir) / "plots")
+                           allow_changed_data=args.allow_changed_data, plots=not args.no_plots)
     print(dumps(summary(results, args.run_dir)))
     return 0
 
@@ -72,19 +107,52 @@ def _predict(args) -> int:
     from .predictor import load_run, read_inputs
 
     check_device(args.device, "predict --device")
+    if args.out:
+        _check_predict_out(Path(args.out), Path(args.input), Path(args.run_dir), args.force)
     texts = read_inputs(args.input, args.text_column)
     predictor = load_run(args.run_dir, device=args.device, temperature=not args.no_temperature)
     records = predictor.predict(texts, samples=args.samples, batch_size=args.batch_size,
                                 seed=args.seed)
     lines = [dumps({"text": t, **r}, indent=None) for t, r in zip(texts, records)]
     if args.out:
+        from ..infer.checkpoint import atomic_write
+
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("\n".join(lines) + "\n")
+        text = "\n".join(lines) + "\n"
+
+        def write(fh) -> None:
+            fh.write(text)
+            mask = os.umask(0)  # the permissions a plain write would give (not the temp file's)
+            os.umask(mask)
+            os.fchmod(fh.fileno(), 0o666 & ~mask)
+
+        atomic_write(out, write, binary=False)  # the old file or the new one, never a part
         print(f"wrote {len(lines)} predictions to {out}", file=sys.stderr)
     else:
         print("\n".join(lines))
     return 0
+
+
+def _check_predict_out(out: Path, source: Path, run_dir: Path, force: bool) -> None:
+    """Refuse ``predict --out`` onto the input file or into the run folder (``--force``
+    included), onto a folder, and onto an existing file without ``force``."""
+    target, run = out.resolve(), run_dir.resolve()
+    if target == run or run in target.parents:
+        raise CommandLineError(f"--out {out}: inside the run folder {run_dir} (or a link into "
+                               "it), where nothing but the run's own files is written (--force "
+                               "included); write the predictions elsewhere")
+    exists = out.exists()
+    if target == source.resolve() or (exists and source.exists() and os.path.samefile(out, source)):
+        raise CommandLineError(f"--out {out}: that is the --input file (--force included); "
+                               "write the predictions elsewhere")
+    if exists and run.is_dir() and any(
+            f.is_file() and os.path.samefile(out, f) for f in run.rglob("*")):
+        raise CommandLineError(f"--out {out}: a link to a file of the run folder {run_dir} "
+                               "(--force included); write the predictions elsewhere")
+    if out.is_dir():
+        raise CommandLineError(f"--out {out}: a folder; give a file name, e.g. {out}/preds.jsonl")
+    if exists and not force:
+        raise CommandLineError(f"--out {out}: the file exists; pass --force to overwrite it")
 
 
 def _plot(args) -> int:
@@ -102,23 +170,24 @@ def _compare(args) -> int:
                        ensemble=args.ensemble, progress=not args.no_progress, force=args.force,
                        plots=not args.no_plots)
     print(format_markdown(rows))
-    print(f"\nwrote {args.out}/results.md and results.csv")
+    print(f"\nwrote {args.out}/results.md and results.csv (listed in {args.out}/compare.json)")
     return 0
 
 
 def _bench(args) -> int:
-    import json
-
-    from .benchmarking import bench_layers, write_json
+    from .benchmarking import bench_layers, bench_specs, write_json
     from .config import check_device
 
     check_device(args.device, "bench --device")
+    if args.C % args.H:
+        raise CommandLineError(f"--C {args.C} must be a multiple of --H {args.H} (each head "
+                               "gets C / H channels)")
+    kinds = bench_specs(args.kinds, args.C, args.H)  # every word checked before any timing
     if args.device == "auto":
         from .runtime import select_device
 
         args.device = str(select_device("auto"))
 
-    kinds = [json.loads(k) if k.startswith("{") else {"kind": k} for k in args.kinds]
     res = bench_layers(kinds, B=args.B, N=args.N, dim=args.C, heads=args.H, repeats=args.repeats,
                        device=args.device)
     path = write_json(res, args.out)
@@ -133,7 +202,7 @@ def _demo(args) -> int:
     from .demo import run_demo
 
     print(run_demo(args.out, smoke=args.smoke, seed=args.seed, methods=args.methods,
-                   progress=not args.no_progress, resume=args.resume))
+                   progress=not args.no_progress, resume=args.resume, force=args.force))
     return 0
 
 
@@ -146,7 +215,7 @@ def _sub(sub, name: str, help: str, example: str, fn):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``gpattn-ppl`` (every argument has help text and an example)."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="gpattn-ppl", description="Uncertainty-aware Transformer attention (GP and "
         "stochastic units): train, evaluate, predict, plot, compare, bench, demo.",
         epilog="example:\n  gpattn-ppl train experiments/configs/cola/softmax.yaml "
@@ -204,13 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the column / key holding the text (default: text), e.g. --text-column "
                    "sentence")
     r.add_argument("--out", default=None, metavar="FILE",
-                   help="write JSON Lines here (default: print them), e.g. --out preds.jsonl")
-    r.add_argument("--samples", type=int, default=None, metavar="T",
+                   help="write JSON Lines here (default: print them; never the --input file or "
+                   "into RUN_DIR), e.g. --out preds.jsonl")
+    r.add_argument("--force", action="store_true", help="overwrite an existing --out file "
+                   "(default: refuse)")
+    r.add_argument("--samples", type=_positive_int, default=None, metavar="T",
                    help="stochastic passes averaged per input (default: eval.mc_samples of the "
                    "run; deterministic networks run once), e.g. --samples 20")
-    r.add_argument("--batch-size", type=int, default=256, help="inputs per forward pass, e.g. "
-                   "--batch-size 64")
-    r.add_argument("--seed", type=int, default=0, help="seed of the stochastic passes, e.g. "
+    r.add_argument("--batch-size", type=_positive_int, default=256,
+                   help="inputs per forward pass, e.g. --batch-size 64")
+    r.add_argument("--seed", type=_seed, default=0, help="seed of the stochastic passes, e.g. "
                    "--seed 1")
     r.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto, e.g. --device "
                    "auto")
@@ -230,19 +302,26 @@ def build_parser() -> argparse.ArgumentParser:
              "{softmax,sgpa}.yaml --seeds 0 1 2 --set eval.temperature_scaling=true --out "
              "runs/cola_cmp", _compare)
     c.add_argument("configs", nargs="+", metavar="CONFIG", help="YAML configs, one method "
-                   "each (named by file name), e.g. experiments/configs/cola/softmax.yaml")
+                   "each (named by file name: the names must differ), e.g. "
+                   "experiments/configs/cola/softmax.yaml")
     c.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], metavar="SEED",
-                   help="train.seed values (default: 0 1 2), e.g. --seeds 0 1")
+                   help="train.seed values, distinct, 0 to 2**32-1 (default: 0 1 2), e.g. "
+                   "--seeds 0 1")
     c.add_argument("--set", action="append", default=None, metavar="KEY.PATH=VALUE",
                    help=_SET_HELP + "; applied to every config")
     c.add_argument("--out", default="compare_out", metavar="DIR",
                    help="output folder: <method>/seed<k> run folders and the tables (default: "
                    "compare_out)")
     c.add_argument("--ensemble", type=int, default=0, metavar="K",
-                   help="also report deep ensembles of K members, one per block of K seeds "
-                        "(mean ± std over blocks), e.g. --ensemble 3 --seeds 0 1 2 3 4 5 6 7 8")
-    c.add_argument("--force", action="store_true", help="retrain run folders in --out that "
-                   "hold a different config (default: refuse)")
+                   help="also report deep ensembles of K members (2 to the number of seeds), "
+                        "one per block of K seeds (mean ± std over blocks), e.g. --ensemble 3 "
+                        "--seeds 0 1 2 3 4 5 6 7 8")
+    c.add_argument("--force", action="store_true", help="retrain every run folder in --out "
+                   "afresh, also one that holds a different config (default: reuse finished "
+                   "runs of the same config, resume interrupted ones, refuse a different "
+                   "config), and overwrite a results.md, results.csv or plot in --out that no "
+                   "compare.json there lists (default: refuse); only a run's own files are "
+                   "removed")
     c.add_argument("--no-progress", action="store_true", help="no progress bars")
     c.add_argument("--no-plots", action="store_true", help="do not draw --out/plots/*.png")
 
@@ -252,11 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("kinds", nargs="*", default=["softmax", "kernel"],
                    help="attention kinds, or JSON specs like '{\"kind\": \"kernel\", "
                    "\"symmetric\": true}' (default: softmax kernel)")
-    b.add_argument("--B", type=int, default=32, help="batch size (default 32)")
-    b.add_argument("--N", type=int, default=64, help="sequence length (default 64)")
-    b.add_argument("--C", type=int, default=128, help="width (default 128)")
-    b.add_argument("--H", type=int, default=4, help="heads (default 4)")
-    b.add_argument("--repeats", type=int, default=20, help="timed repeats (default 20)")
+    b.add_argument("--B", type=_positive_int, default=32, help="batch size (default 32)")
+    b.add_argument("--N", type=_positive_int, default=64, help="sequence length (default 64)")
+    b.add_argument("--C", type=_positive_int, default=128, help="width (default 128)")
+    b.add_argument("--H", type=_positive_int, default=4, help="heads, dividing --C (default 4)")
+    b.add_argument("--repeats", type=_positive_int, default=20,
+                   help="timed repeats (default 20)")
     b.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     b.add_argument("--out", default="benchmarks/results/layers.json", metavar="FILE",
                    help="JSON output (default benchmarks/results/layers.json)")
@@ -272,9 +352,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a subset of the demo methods, e.g. --methods softmax kep_svgp "
                    "(default: all)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
-    d.add_argument("--resume", action="store_true",
-                   help="re-use finished / resume interrupted runs in --out (default: start "
-                   "afresh)")
+    flags = d.add_mutually_exclusive_group()
+    flags.add_argument("--resume", action="store_true",
+                       help="re-use finished / resume interrupted runs in --out (default: "
+                       "refuse a folder that holds runs of the chosen methods)")
+    flags.add_argument("--force", action="store_true",
+                       help="retrain the chosen methods' runs in --out afresh (only each run's "
+                       "own files are removed) and overwrite a results.md, results.csv or "
+                       "plot there that no compare.json lists (default: refuse)")
     return p
 
 
@@ -298,15 +383,52 @@ def _gather_set(argv: list[str]) -> list[str]:
     return out
 
 
+_CPU_OOM = "DefaultCPUAllocator: can't allocate memory"
+
+
 def _user_error(err: BaseException) -> bool:
     """Whether ``err`` carries a message for the user (a library error, a bad value, a file that
-    cannot be read, invalid YAML, CUDA out of memory) rather than being a bug."""
+    cannot be read, invalid YAML, CUDA or CPU out of memory, a missing optional package whose
+    message names the ``pip install``) rather than being a bug."""
     import yaml
 
-    from ..errors import GpattnError
-
     return (isinstance(err, (GpattnError, ValueError, OSError, yaml.YAMLError))
-            or type(err).__name__ == "OutOfMemoryError")
+            or type(err).__name__ == "OutOfMemoryError"
+            or (isinstance(err, RuntimeError) and _CPU_OOM in str(err))
+            or (isinstance(err, ImportError) and "pip install" in str(err)))
+
+
+def _message_lines(err: BaseException) -> list[str]:
+    """The lines printed for a user error: the message's first line, and its first line
+    starting with ``hint:`` if it has one; other lines are left to ``--debug``."""
+    message = str(err).strip() or type(err).__name__
+    if isinstance(err, RuntimeError) and _CPU_OOM in message:
+        message = "out of memory: " + message.split(_CPU_OOM, 1)[1].lstrip(": ")
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    hints = [line for line in lines[1:] if line.lower().startswith("hint:")][:1]
+    if len(lines) > 1 + len(hints):
+        lines[0] += " (--debug shows the whole message)"
+    return lines[:1] + hints
+
+
+def _import_plugins(modules: list[str]) -> None:
+    """The entry-point plugins, then each ``--import`` module; a module that calls
+    ``sys.exit`` while being imported is an error naming it (not a silent exit)."""
+    from .plugins import ENTRY_POINT_GROUP, import_plugins, load_entry_points
+
+    try:
+        load_entry_points()
+    except SystemExit as err:
+        raise CommandLineError(f"a plugin of the entry-point group {ENTRY_POINT_GROUP} called "
+                               f"sys.exit({err.code!r}) while being imported; nothing was run"
+                               ) from None
+    for name in modules:
+        try:
+            import_plugins([name])
+        except SystemExit as err:
+            raise CommandLineError(f"--import {name}: the module called sys.exit({err.code!r}) "
+                                   "while being imported; nothing was run (a plugin module "
+                                   "only registers units and datasets)") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,9 +436,14 @@ def main(argv: list[str] | None = None) -> int:
 
     Errors become one ``gpattn-ppl <command>: error: <message>`` line on stderr: exit status 2
     for a user error (a :class:`~gpattn_ppl.errors.GpattnError` such as a bad config value, a
-    malformed data file or a refused run folder; also ``ValueError``, ``OSError`` and invalid
-    YAML), 1 for anything else (a bug: the line says so), 130 when interrupted. ``--debug``
-    (anywhere on the command line) lets the error propagate with its traceback instead. The
+    malformed data file or a refused run folder; also ``ValueError``, ``OSError``, invalid YAML,
+    running out of memory and a missing optional package whose message names its ``pip
+    install``), 1 for anything else (a bug: the line says so), 130 when interrupted. Of a message
+    of several lines, the first is printed, and its ``hint:`` line after it (``--debug`` for the
+    rest); a bad argument is one line and a hint too. A ``--import`` module (or an entry-point
+    plugin) that calls ``sys.exit`` while being imported is an error naming it, not an exit.
+    ``--debug`` (anywhere on the command line) lets the error propagate with its traceback
+    instead. The
     process's allocator keeps freed memory for reuse
     (:func:`~gpattn_ppl.run.allocator.keep_freed_memory`; ``GPATTN_PPL_MALLOC=system`` to opt out).
 
@@ -334,10 +461,7 @@ def main(argv: list[str] | None = None) -> int:
 
     apply_default_policy()  # keep freed memory for reuse (no page faults per step; allocator.py)
     try:
-        from .plugins import import_plugins, load_entry_points
-
-        load_entry_points()
-        import_plugins(args.imports)
+        _import_plugins(args.imports)
         return args.fn(args)
     except KeyboardInterrupt:
         if debug:
@@ -349,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         message = str(err).strip() or type(err).__name__
         if _user_error(err):
-            print(f"{prog}: error: {message}", file=sys.stderr)
+            first, *hint = _message_lines(err)
+            print("\n".join([f"{prog}: error: {first}", *hint]), file=sys.stderr)
             return 2
         first = message.splitlines()[0]
         print(f"{prog}: error: unexpected {type(err).__name__}: {first} (this is a bug in "

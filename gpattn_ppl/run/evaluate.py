@@ -17,6 +17,7 @@ import torch
 from ..infer import PyroProgram, predict
 from ..metrics import apply_temperature, classification_report, fit_temperature
 from ..metrics.classification import negative_log_likelihood
+from ..metrics.temperature import TemperatureWarning
 from ..models.spec import ConfigError
 from ..ood import kl_matching_templates, ood_report
 
@@ -52,6 +53,10 @@ def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[st
 def check_ood_names(names: list[str] | None, bundle, where: str = "eval.ood") -> None:
     """Raise :class:`~gpattn_ppl.models.spec.ConfigError` when an OOD set name is not one of
     ``bundle.ood``."""
+    reserved = [n for n in names or [] if n in ("train", "val", "test")]
+    if reserved:
+        raise ConfigError(f"{where}: an OOD set may not be named {reserved[0]!r} (the name of a "
+                          "split of the dataset); rename it")
     unknown = [n for n in names or [] if n not in bundle.ood]
     if unknown:
         raise ConfigError(f"{where}: unknown OOD set(s) {', '.join(map(repr, unknown))} of "
@@ -71,7 +76,10 @@ def evaluate_predictions(preds: dict, cfg: dict, names: list[str]) -> dict:
     out = _report(preds, e, names)
     if e["temperature_scaling"]:
         val = preds["val"]
-        tau = fit_temperature(val["logits"], val["labels"])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TemperatureWarning)
+            tau = fit_temperature(val["logits"], val["labels"])
+        out["warnings"] += [str(w.message) for w in caught]
         tempered = {k: temper(p, tau) for k, p in preds.items()}
         out["temperature_scaling"] = {
             "temperature": tau, "fitted_on": "val",

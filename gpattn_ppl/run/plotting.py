@@ -43,6 +43,7 @@ __all__ = [
     "risk_coverage_plot",
     "ood_score_histogram",
     "metric_vs_severity_plot",
+    "planned_plot_names",
     "plot_runs",
 ]
 
@@ -402,21 +403,33 @@ def _run_names(dirs: list[Path], names) -> list[str]:
 
 
 def _load_predictions(run_dir: Path) -> dict:
+    """``predictions.pt`` of a run folder, weights only and its layout checked
+    (:func:`~gpattn_ppl.infer.checkpoint.load_predictions`), with a ``test`` entry."""
+    from ..infer import load_predictions
+
     path = run_dir / "predictions.pt"
     if not path.is_file():
         raise FileNotFoundError(
             f"run folder {run_dir} has no predictions.pt; run `gpattn-ppl evaluate {run_dir}` "
             "first"
         )
-    preds = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(preds, Mapping) or not isinstance(preds.get("test"), Mapping):
-        raise ValueError(f"{path} must hold a dict with a 'test' entry "
-                         "{'probs', 'logits', 'labels'}; rerun `gpattn-ppl evaluate`")
-    for split, entry in preds.items():
-        missing = {"probs", "labels"} - set(entry)
-        if missing:
-            raise ValueError(f"{path}: entry {split!r} lacks {sorted(missing)}")
+    preds = load_predictions(path)
+    if "test" not in preds:
+        raise ValueError(f"{path} must hold a 'test' entry; rerun `gpattn-ppl evaluate`")
     return dict(preds)
+
+
+def planned_plot_names(run_dirs: Sequence[str | Path],
+                       detectors: Sequence[str] = ("max_softmax", "entropy", "mutual_info")
+                       ) -> list[str]:
+    """The file names :func:`plot_runs` may write for ``run_dirs`` (a superset: a figure with no
+    run left is not written), so a run folder can list them before they exist."""
+    names = ["reliability.png", "risk_coverage.png"]
+    for run_dir in run_dirs:
+        for split in _load_predictions(Path(run_dir)):
+            if split not in ("test", "val"):
+                names += [f"ood_{_file_part(split)}_{det}.png" for det in detectors]
+    return list(dict.fromkeys(names))
 
 
 def _tempered(entry: Mapping, tau: float | None) -> dict:

@@ -2,8 +2,11 @@
 
 A plugin module registers its datasets (:func:`gpattn_ppl.data.register_dataset`) and attention
 units (:func:`gpattn_ppl.attention.register_attention`) when imported. ``gpattn-ppl --import
-mypkg.units train ...`` imports it before the command runs; a run records the modules it was
-trained with in ``run.json``, and ``evaluate`` / ``predict`` / ``load_run`` import them again.
+mypkg.units train ...`` imports it before the command runs. A run records the modules it was
+trained with in ``run.json``, but nothing named by a run folder is ever imported: ``evaluate``,
+``predict`` and :func:`~gpattn_ppl.run.predictor.load_run` need the same ``--import`` (or, in
+Python, the module imported first), and when it is missing their error names the flag to pass
+(:func:`~gpattn_ppl.run.runfolder.open_run`). A folder someone shares cannot run code.
 Installed packages can instead declare an entry point in the group ``gpattn_ppl.plugins``
 (``[project.entry-points."gpattn_ppl.plugins"] name = "mypkg.units"``); those are imported by
 every command.

@@ -2,9 +2,10 @@ r"""Use a trained run: :func:`load_run` -> :class:`Predictor` -> per-input predi
 
 ``load_run(run_dir)`` restores what ``train`` stored in the run folder
 (:mod:`~gpattn_ppl.run.rundir`): the config, the sizes the data decided, the input encoder
-(vocabulary or encoder settings, ``encoder.json``), the modules imported with ``--import``, the
-``best.pt`` weights and, when the run was evaluated with temperature scaling, its temperature.
-No dataset is read.
+(vocabulary or encoder settings, ``encoder.json``), the ``best.pt`` weights (weights only) and,
+when the run was evaluated with temperature scaling, its temperature; every file is read through
+:func:`~gpattn_ppl.run.runfolder.open_run`. No dataset is read and no code is imported: a run
+trained with ``--import MODULE`` needs that module imported first.
 
 For inputs :math:`x_i` and :math:`T` passes with logits :math:`\ell_{t,i}` and temperature
 :math:`\tau` (1 without temperature scaling), a prediction is
@@ -22,7 +23,6 @@ For inputs :math:`x_i` and :math:`T` passes with logits :math:`\ell_{t,i}` and t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -107,44 +107,37 @@ def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu",
     :param run_dir: a folder written by ``gpattn-ppl train`` (or
         :class:`~gpattn_ppl.run.experiment.Trainer`).
     :param device: where to run the network (``"auto"``: CUDA when available).
-    :param temperature: apply the run's fitted temperature (``calibration.json``) if it has one.
-    :raises RunFolderError: not a run folder, or one written by an older version.
-    :raises CheckpointError: ``best.pt`` missing or corrupt.
+    :param temperature: apply the run's fitted temperature (recorded in ``results.json``) if it
+        has one.
+    :raises RunFolderError: not a run folder, one written by an older version, an invalid file
+        in it, or a config that needs a plugin not imported (the run records its ``--import``
+        modules; they are never imported from a run folder: import them first).
+    :raises CheckpointError: ``best.pt`` missing, corrupt, unsafe or of another model.
     """
-    from ..data import encoder_from_state
-    from ..infer import PyroProgram, load_checkpoint
-    from .config import load_config
-    from .experiment import build_net
-    from .plugins import import_plugins
-    from .rundir import RunFolderError, read_manifest
+    from ..infer import PyroProgram
+    from .assembly import build_net
+    from .runfolder import open_run
     from .runtime import select_device
 
-    run_dir = Path(run_dir)
-    manifest = read_manifest(run_dir)
-    import_plugins(manifest.get("plugins", []))
-    cfg = dict(load_config(run_dir / "config.yaml"))
-    enc_path = run_dir / "encoder.json"
-    if not enc_path.is_file():
-        raise RunFolderError(f"{run_dir} has no encoder.json; train it again")
-    encoder = encoder_from_state(json.loads(enc_path.read_text()))
+    folder = open_run(run_dir)
+    cfg, manifest = dict(folder.config), folder.manifest
+    encoder = folder.encoder()
+    tau = folder.temperature() if temperature else None
     device = select_device(device) if isinstance(device, str) else torch.device(device)
     net = build_net(cfg, manifest["sizes"]).to(device)
-    state = load_checkpoint(run_dir / "best.pt", map_location=device)
-    net.load_state_dict(state["model"])
+    folder.load_weights(net, "best.pt", map_location=device)
     net.eval()
-    num_data = max(int(manifest["data"]["split_sizes"].get("train", 1)), 1)
+    num_data = max(int(manifest["data"].get("split_sizes", {}).get("train", 1)), 1)
     program = PyroProgram(net, num_data, cfg["train"]["objective"], mode=cfg["train"]["mode"],
                           total_epochs=cfg["train"]["epochs"])
-    tau = 1.0
-    cal = run_dir / "calibration.json"
-    if temperature and cal.is_file():
-        tau = float(json.loads(cal.read_text())["temperature"])
-    return Predictor(program, encoder, manifest["classes"], temperature=tau, config=cfg,
-                     device=device, run_dir=run_dir)
+    return Predictor(program, encoder, manifest["classes"], temperature=tau or 1.0, config=cfg,
+                     device=device, run_dir=folder.path)
 
 
 def read_inputs(path: str | Path, text_column: str | None = None) -> list[str]:
-    """Texts to predict from a file: ``.txt`` (one text per line, blank lines skipped),
+    """Texts to predict from a file: ``.txt`` (one text per line, blank lines skipped; see
+    :func:`gpattn_ppl.data.read_text_lines`: a BOM is dropped, only ``\n`` / ``\r\n`` end a
+    line),
     ``.csv`` / ``.tsv`` (column ``text`` or ``text_column``; other columns ignored) or
     ``.jsonl`` (key ``text`` or ``text_column``), read by :func:`gpattn_ppl.data.read_texts`.
 
@@ -152,7 +145,7 @@ def read_inputs(path: str | Path, text_column: str | None = None) -> list[str]:
     :raises ValueError: an unknown extension, a missing column / key, an empty text, invalid
         JSON or UTF-8 (the message names the file and line).
     """
-    from ..data import read_texts
+    from ..data import read_text_lines, read_texts
 
     path = Path(path)
     if not path.is_file():
@@ -166,9 +159,7 @@ def read_inputs(path: str | Path, text_column: str | None = None) -> list[str]:
                           text_column=text_column or "text")
     if text_column is not None:
         raise ValueError("--text-column applies to .csv / .tsv / .jsonl inputs, not .txt")
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        line = path.read_bytes()[:err.start].count(b"\n") + 1
-        raise ValueError(f"{path}, line {line}: not valid UTF-8 ({err.reason})") from None
-    return [t for t in (line.strip() for line in raw.splitlines()) if t]
+    texts = read_text_lines(path)  # BOM dropped; lines end at \n or \r\n only
+    if not texts:
+        raise ValueError(f"--input {path}: no text (every line is blank)")
+    return texts

@@ -147,8 +147,8 @@ def test_fingerprint_stable_and_sensitive(tmp_path, cola):
 
 def test_fingerprint_matches_the_loaded_data_and_covers_images():
     raw = DATASETS["cola"].builder(protocol="official", root=None, split_seed=0, cache_dir=None)
-    digest = data_fingerprint("cola", "official", raw.x, raw.y, raw.splits)
-    assert digest == load_data("cola", max_len=4).fingerprint
+    digest = data_fingerprint("cola", "official", raw.x, raw.y, raw.splits, raw.ood)
+    assert digest == load_data("cola", max_len=4).fingerprint  # OOD sets count too
     x = torch.randint(0, 256, (6, 3, 4, 4), dtype=torch.uint8)
     y = torch.tensor([0, 1, 0, 1, 0, 1])
     splits = {"train": torch.arange(4), "val": torch.tensor([4]), "test": torch.tensor([5])}

@@ -280,7 +280,8 @@ def _kill_series(model: str, improved: list[int]) -> list[list[tuple]]:
     """
     b = max(e for e in improved if e > 1) if len(improved) > 1 else None  # a later best.pt
     both = ("before", "after")
-    first = [("config.yaml", 0, "after"), ("run.json", 0, "before"), ("run.json", 0, "after"),
+    # the run's start writes run.json (the manifest, listing every file) first
+    first = [("run.json", 0, "before"), ("run.json", 0, "after"), ("config.yaml", 0, "after"),
              ("encoder.json", 0, "after"), ("best.pt", 1, "before"), ("best.pt", 1, "after"),
              ("last.pt", 1, "before"), ("history.json", 1, "before"), ("log.csv", 2, "before"),
              ("epoch start", 2, ""), ("history.json", 3, "after"), ("last.pt", EPOCHS, "after"),

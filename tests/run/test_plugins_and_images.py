@@ -44,12 +44,17 @@ def test_import_registers_a_dataset_for_every_command_and_the_run_remembers_it(t
     manifest = json.loads((tmp_path / "run" / "run.json").read_text())
     assert manifest["plugins"] == [str(tmp_path / "my_data.py")]
     assert manifest["classes"] == ["even", "odd"]
-    # a new process without --import: evaluate and predict import the recorded module
-    evaluated = _cli("evaluate", "run", "--no-plots", cwd=tmp_path)
+    # a new process without --import: the recorded module is not imported (a run folder never
+    # runs code), and the error names the flag; with it, evaluate and predict work
+    refused = _cli("evaluate", "run", "--no-plots", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert f"--import {tmp_path / 'my_data.py'}" in refused.stderr
+    evaluated = _cli("--import", "my_data.py", "evaluate", "run", "--no-plots", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert json.loads(evaluated.stdout)["test"] == json.loads(trained.stdout)["test"]
     (tmp_path / "in.txt").write_text("good day\nawful dull day\n")
-    predicted = _cli("predict", "run", "--input", "in.txt", cwd=tmp_path)
+    predicted = _cli("--import", "my_data.py", "predict", "run", "--input", "in.txt",
+                     cwd=tmp_path)
     assert predicted.returncode == 0, predicted.stderr[-2000:]
     rows = [json.loads(line) for line in predicted.stdout.splitlines()]
     assert [r["text"] for r in rows] == ["good day", "awful dull day"]

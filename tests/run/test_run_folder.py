@@ -18,8 +18,16 @@ from gpattn_ppl.run.rundir import (
 )
 
 
+def _manifest(**extra):
+    return {"format": 2, "gpattn_ppl": "0.1.0", "sizes": {"num_classes": 2,
+            "input_kind": "tokens", "vocab_size": 10, "feature_dim": None},
+            "classes": ["a", "b"], "data": {"name": "cola", "fingerprint": "f" * 64,
+                                           "split_sizes": {"train": 4}}, "plugins": [], **extra}
+
+
 def _run(folder, cfg):
     folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(_manifest(files=list(RUN_FILES)), folder / "run.json")
     (folder / "config.yaml").write_text(yaml.safe_dump(dict(cfg)))
     return folder
 
@@ -42,14 +50,14 @@ def test_a_different_config_is_refused_naming_every_differing_key(tmp_path):
         msg = str(err.value)
         assert "train.lr: 0.0005 (run) != 0.1 (now)" in msg
         assert "data.max_len: 64 (run) != 16 (now)" in msg and "2 keys differ" in msg
-        assert "--force" in msg
+        assert "--force" in msg and len(msg.splitlines()) == 2  # one line, one hint line
     assert check_run_folder(run, new, force=True) == "fresh"
 
 
 def test_the_same_config_needs_resume_and_ignores_progress_and_device(tmp_path):
     cfg = load_config({})
     run = _run(tmp_path / "run", cfg)
-    with pytest.raises(RunFolderError, match="already holds a run with this config; use --resume"):
+    with pytest.raises(RunFolderError, match="already holds a run with this config\nhint: use --resume"):
         check_run_folder(run, cfg)
     same = load_config({}, ["train.progress=false", "train.device=cpu"])
     assert check_run_folder(run, same, resume=True) == "resume"
@@ -57,14 +65,21 @@ def test_the_same_config_needs_resume_and_ignores_progress_and_device(tmp_path):
         check_run_folder(run, cfg, resume=True, force=True)
 
 
-def test_run_files_without_config_or_an_invalid_config_are_refused(tmp_path):
+def test_run_files_without_manifest_or_config_or_with_an_invalid_config_are_refused(tmp_path):
     cfg = load_config({})
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "last.pt").write_bytes(b"x")
+    for flags in ({"resume": True}, {"force": True}, {}):  # foreign: even --force keeps it
+        with pytest.raises(RunFolderError, match="no valid gpattn_ppl manifest"):
+            check_run_folder(tmp_path / "a", cfg, **flags)
+    assert (tmp_path / "a" / "last.pt").read_bytes() == b"x"
+    write_json_atomic(_manifest(), tmp_path / "a" / "run.json")
     with pytest.raises(RunFolderError, match="no config.yaml"):
-        check_run_folder(tmp_path / "a", cfg, resume=True)
+        check_run_folder(tmp_path / "a", cfg)
+    assert check_run_folder(tmp_path / "a", cfg, resume=True) == "resume"  # never started
     run = tmp_path / "b"
     run.mkdir()
+    write_json_atomic(_manifest(), run / "run.json")
     (run / "config.yaml").write_text("train: {lr: fast}\n")
     with pytest.raises(RunFolderError, match="not valid for this version"):
         check_run_folder(run, cfg, resume=True)
@@ -79,15 +94,26 @@ def test_config_differences_lists_absent_keys():
     assert diff == ["a.b: 1 (run) != '<absent>' (now)", "a.c: '<absent>' (run) != 2 (now)"]
 
 
-def test_clear_run_files_removes_only_what_a_run_wrote(tmp_path):
+def test_clear_run_files_removes_only_what_the_manifest_lists(tmp_path):
     for name in RUN_FILES:
         (tmp_path / name).write_text("x")
+    write_json_atomic(_manifest(files=[*RUN_FILES, "plots/a.png"]), tmp_path / "run.json")
     (tmp_path / ".last.pt.abc.tmp").write_text("x")
     (tmp_path / "plots").mkdir()
     (tmp_path / "plots" / "a.png").write_text("x")
     (tmp_path / "mine.txt").write_text("keep")
     clear_run_files(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["mine.txt"]
+    # a user's own plot beside the run's: the folder stays, with it
+    for name in RUN_FILES:
+        (tmp_path / name).write_text("x")
+    write_json_atomic(_manifest(files=[*RUN_FILES, "plots/a.png"]), tmp_path / "run.json")
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "plots" / "a.png").write_text("x")
+    (tmp_path / "plots" / "mine.png").write_text("keep")
+    clear_run_files(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["mine.txt", "plots"]
+    assert os.listdir(tmp_path / "plots") == ["mine.png"]
 
 
 def test_manifest_errors_and_strict_atomic_json(tmp_path):
@@ -101,7 +127,10 @@ def test_manifest_errors_and_strict_atomic_json(tmp_path):
         read_manifest(tmp_path)
     write_json_atomic({"x": float("nan"), "y": [float("inf"), 1.5]}, tmp_path / "run.json")
     assert (tmp_path / "run.json").read_text() == '{\n "x": null,\n "y": [\n  null,\n  1.5\n ]\n}\n'
-    assert read_manifest(tmp_path) == {"x": None, "y": [None, 1.5]}
+    with pytest.raises(RunFolderError, match="format must be a positive integer"):
+        read_manifest(tmp_path)
+    write_json_atomic(_manifest(), tmp_path / "run.json")
+    assert read_manifest(tmp_path) == _manifest()
     assert not list(tmp_path.glob(".*.tmp"))
 
 
