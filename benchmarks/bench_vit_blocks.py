@@ -33,13 +33,13 @@ METHODS = ("kernel_asym", "sgpa", "kep_svgp", "cgpt", "scgpt", "gumbel", "h_gumb
 
 def unit_spec(method: str) -> dict:
     """The attention spec of ``method``'s CPU-preset config (the last block's when it has one)."""
-    model = load_config(CONFIGS / f"{method}.yaml")["model"]
+    model = load_config(CONFIGS / f"{method}.yaml", extras=False)["model"]  # model only
     return dict(model["overrides"][-1]["attention"] if model["overrides"]
                 else model["attention"])
 
 
 def build(spec: dict, where: str, depth: int, device) -> torch.nn.Module:
-    model = dict(load_config(CONFIGS / "softmax.yaml")["model"], depth=depth)
+    model = dict(load_config(CONFIGS / "softmax.yaml", extras=False)["model"], depth=depth)
     if where == "every":
         model["attention"] = spec
     else:

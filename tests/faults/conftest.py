@@ -55,3 +55,29 @@ def tiny_yaml(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+    """A tiny CoLA run (one epoch), evaluated with temperature scaling; copy it before changing
+    it (the ``run`` fixtures of the fault modules do)."""
+    import copy
+
+    from gpattn_ppl.run.experiment import Trainer
+
+    from ..run.conftest import TINY
+
+    cfg = copy.deepcopy(TINY)
+    cfg["train"].update(epochs=1, device="cpu")
+    cfg["eval"]["temperature_scaling"] = True
+    run = tmp_path_factory.mktemp("faults") / "run"
+    Trainer(cfg, run).fit()
+    return run
+
+
+@pytest.fixture
+def texts(tmp_path):
+    """Two sentences in a ``.txt`` file, one per line."""
+    path = tmp_path / "in.txt"
+    path.write_text("The cat sat on the mat.\nMat the on sat cat the.\n")
+    return path

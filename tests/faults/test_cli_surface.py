@@ -306,28 +306,6 @@ def test_out_of_memory_and_a_missing_extra_are_user_errors(err, code, needle, mo
 
 
 # -- predict --out -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny CoLA run (one epoch)."""
-    import copy
-
-    from gpattn_ppl.run.experiment import Trainer
-    from tests.run.conftest import TINY
-
-    cfg = copy.deepcopy(TINY)
-    cfg["train"].update(epochs=1, device="cpu")
-    run = tmp_path_factory.mktemp("surface") / "run"
-    Trainer(cfg, run).fit()
-    return run
-
-
-@pytest.fixture
-def texts(tmp_path):
-    path = tmp_path / "in.txt"
-    path.write_text("The cat sat on the mat.\nMat the on sat cat the.\n")
-    return path
-
-
 def _snapshot(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 

@@ -54,31 +54,11 @@ def _hostile(path: Path, marker: Path, base: dict | None = None) -> None:
     torch.save(obj, path)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny evaluated run with temperature scaling (trained once per module)."""
-    from gpattn_ppl.run.experiment import Trainer
-
-    cfg = copy.deepcopy(TINY)
-    cfg["train"].update(epochs=1, device="cpu")
-    cfg["eval"]["temperature_scaling"] = True
-    run = tmp_path_factory.mktemp("hostile") / "run"
-    Trainer(cfg, run).fit()
-    return run
-
-
 @pytest.fixture
 def run(trained, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(trained, out)
     return out
-
-
-@pytest.fixture
-def texts(tmp_path):
-    path = tmp_path / "in.txt"
-    path.write_text("The cat sat on the mat.\nMat the on sat cat the.\n")
-    return path
 
 
 # -- 1. nothing from a run folder or checkpoint executes -------------------------------------

@@ -267,9 +267,9 @@ def test_the_cli_validates_the_config_once(tmp_path, tiny_config, monkeypatch):
     calls = {"config": 0, "model": 0}
     validate_config, validate_model_spec = config.validate_config, spec.validate_model_spec
 
-    def counting_config(cfg):
+    def counting_config(cfg, **kw):
         calls["config"] += 1
-        return validate_config(cfg)
+        return validate_config(cfg, **kw)
 
     def counting_model(model):
         calls["model"] += 1

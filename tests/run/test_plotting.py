@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from gpattn_ppl.infer import CheckpointError
 from gpattn_ppl.metrics import (
     aurc,
     calibration_bins,
@@ -297,6 +298,9 @@ def test_plot_runs_errors(tmp_path):
     bad = tmp_path / "c"
     bad.mkdir()
     torch.save({"val": {}}, bad / "predictions.pt")
+    with pytest.raises(CheckpointError, match="entry 'val': 'probs' is not a 3-d tensor"):
+        plotting.plot_runs([bad], tmp_path / "out")
+    torch.save({"val": _split(2, 10, 3, 0)}, bad / "predictions.pt")
     with pytest.raises(ValueError, match="'test' entry"):
         plotting.plot_runs([bad], tmp_path / "out")
 
@@ -334,6 +338,7 @@ def test_does_not_touch_pyplot():
         "risk_coverage_plot",
         "ood_score_histogram",
         "metric_vs_severity_plot",
+        "planned_plot_names",
         "plot_runs",
     ]
     if "matplotlib.pyplot" in sys.modules:  # imported by someone else: no figures left open
