@@ -36,9 +36,10 @@ import torch
 
 from gpattn_ppl import linalg, settings
 from gpattn_ppl.run.allocator import apply_default_policy
+from gpattn_ppl.run.assembly import load_bundle
 from gpattn_ppl.run.benchmarking import peak_memory, provenance, write_json
 from gpattn_ppl.run.config import load_config
-from gpattn_ppl.run.experiment import Trainer, load_bundle
+from gpattn_ppl.run.training import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs" / "cola"

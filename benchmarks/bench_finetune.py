@@ -22,8 +22,8 @@ import torch
 
 from gpattn_ppl.infer.program import PyroProgram
 from gpattn_ppl.models import HFClassifier
+from gpattn_ppl.run.assembly import parameter_groups
 from gpattn_ppl.run.benchmarking import bench_arg_parser, bench_device, time_fn, write_json
-from gpattn_ppl.run.experiment import parameter_groups
 
 UNITS = [{"kind": "kep_svgp"}, {"kind": "h_gumbel"}, {"kind": "gumbel"},
          {"kind": "sgpa", "variant": "decoupled"}, {"kind": "scgpt"}, {"kind": "cgpt"}]

@@ -24,10 +24,10 @@ import torch
 from gpattn_ppl import linalg
 from gpattn_ppl.errors import GpattnError
 from gpattn_ppl.infer import PyroProgram, epoch_clock, fit_epoch, lr_lambda
+from gpattn_ppl.run.assembly import build_net, load_bundle
 from gpattn_ppl.run.benchmarking import write_json
 from gpattn_ppl.run.config import load_config
 from gpattn_ppl.run.demo import _BASE, _merge, demo_methods
-from gpattn_ppl.run.experiment import build_net, load_bundle
 
 
 def soak_run(cfg: dict, bundle, steps: int) -> dict:

@@ -30,8 +30,8 @@ import torch
 
 from gpattn_ppl.metrics import ood_detection_metrics
 from gpattn_ppl.ood import ood_score
+from gpattn_ppl.run.assembly import load_bundle
 from gpattn_ppl.run.config import load_config
-from gpattn_ppl.run.experiment import load_bundle
 
 
 def length_baseline(bundle) -> dict:

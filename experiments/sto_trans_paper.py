@@ -33,8 +33,9 @@ def _subset(ds, n: int | None, seed: int):
 
 
 def run(configs, seeds, out, overrides, test_subset=None, val_subset=None) -> None:
+    from gpattn_ppl.run.assembly import load_bundle
     from gpattn_ppl.run.config import load_config
-    from gpattn_ppl.run.experiment import Trainer, load_bundle
+    from gpattn_ppl.run.training import Trainer
 
     bundles: dict[str, object] = {}
     for config in configs:

@@ -12,7 +12,6 @@ are encoded like a bundle's splits by :func:`encoder_from_state` of ``bundle.enc
 ('tokens', 2)
 """
 
-from ._files import read_text_lines
 from .batch import Batch
 from .cifar import (
     CIFAR10_CLASSES,
@@ -56,7 +55,7 @@ from .splits import (
     stratified_split,
     stratified_subset,
 )
-from .tabular import read_labelled_texts, read_texts, resolve_path
+from .tabular import read_labelled_texts, read_text_lines, read_texts, resolve_path
 from .tokenizer import WordTokenizer
 from .vision_ood import VISION_OOD, digit_images, noise_images, photo_patches, vision_ood_sets
 

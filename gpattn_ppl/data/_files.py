@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import codecs
 import json
 import lzma
 import re
@@ -60,27 +59,6 @@ def utf8_lines(path: Path) -> list[tuple[int, str]]:
                             f"0x{raw[err.start]:02x} at byte column {err.start + 1}); save the "
                             "file as UTF-8") from None
     return out
-
-
-def read_text_lines(path: str | Path) -> list[str]:
-    """The non-blank lines of a UTF-8 text file, one input each (``predict`` on a ``.txt``).
-
-    Rule: a leading UTF-8 byte-order mark is dropped; lines end only at ``\\n`` or ``\\r\\n``
-    (form feed, ``\\x1c``-``\\x1e``, ``\\x85``, ``\\u2028``, ``\\u2029`` and a lone ``\\r``
-    stay inside the line, unlike :meth:`str.splitlines`); each line is stripped of surrounding
-    whitespace and blank lines are skipped (a file of blank lines gives ``[]``).
-
-    :raises FileNotFoundError: no such file.
-    :raises DataError: bytes that are not UTF-8 (naming file, line and byte column).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    data = path.read_bytes()
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
-    text = decode_utf8(path, data)
-    return [s for s in (line.strip() for line in text.split("\n")) if s]
 
 
 def _refuse_duplicates(where: str):

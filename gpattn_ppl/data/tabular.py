@@ -24,7 +24,7 @@ from ._files import decode_utf8, json_line
 from .registry import RawData, register_dataset
 from .splits import stratified_split
 
-__all__ = ["read_labelled_texts", "read_texts", "resolve_path"]
+__all__ = ["read_labelled_texts", "read_text_lines", "read_texts", "resolve_path"]
 
 _INT = re.compile(r"[+-]?\d+")
 _FORMATS = ("csv", "jsonl")
@@ -163,6 +163,27 @@ def _class_list(labels: list[str]) -> list[str]:
     if all(_INT.fullmatch(v) for v in labels):
         return [str(v) for v in sorted({int(v) for v in labels})]
     return sorted(set(labels))
+
+
+def read_text_lines(path: str | Path) -> list[str]:
+    """The non-blank lines of a UTF-8 text file, one input each (``predict`` on a ``.txt``).
+
+    Rule: a leading UTF-8 byte-order mark is dropped; lines end only at ``\\n`` or ``\\r\\n``
+    (form feed, ``\\x1c``-``\\x1e``, ``\\x85``, ``\\u2028``, ``\\u2029`` and a lone ``\\r``
+    stay inside the line, unlike :meth:`str.splitlines`); each line is stripped of surrounding
+    whitespace and blank lines are skipped (a file of blank lines gives ``[]``).
+
+    :raises FileNotFoundError: no such file.
+    :raises DataError: bytes that are not UTF-8 (naming file, line and byte column).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    data = path.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    text = decode_utf8(path, data)
+    return [s for s in (line.strip() for line in text.split("\n")) if s]
 
 
 def read_texts(path: str | Path, *, fmt: str = "csv", text_column: str = "text",

@@ -5,13 +5,19 @@ from .classifier import TransformerClassifier, resolve_block_attention
 from .hf import FREEZE, POOLING, HFClassifier, load_hf_encoder
 from .host import AttentionHost, PrefixCache
 from .spec import (
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
+    MAX_VALUE_DEPTH,
+    MAX_VALUE_ITEMS,
     MODEL_SCHEMA,
     ConfigError,
+    ConfigLoader,
     Option,
     check_model,
     check_plain,
     check_section,
     check_value,
+    load_yaml,
     read_yaml_mapping,
     validate_model_spec,
 )
@@ -31,10 +37,12 @@ from .swap import (
 from .text import TextClassifier
 from .vit import ViTClassifier
 
-__all__ = ["AttentionHost", "AttentionLayer", "BertAttentionAdapter", "ConfigError", "FREEZE",
-           "HFClassifier", "PrefixCache", "SelfAttentionAdapter",
-           "HOSTS",
-           "MODEL_SCHEMA", "MultiheadAttentionAdapter", "Option", "POOLING", "TextClassifier", "TransformerClassifier",
-           "ViTClassifier", "assemble_model", "attention_units", "build_model", "calibrate_swapped", "check_model", "check_plain", "check_section",
-           "check_value", "find_attention_layers", "gap_to_softmax", "key_mask", "load_hf_encoder", "read_yaml_mapping", "resolve_block_attention",
+__all__ = ["AttentionHost", "AttentionLayer", "BertAttentionAdapter", "ConfigError",
+           "ConfigLoader", "FREEZE", "HFClassifier", "HOSTS", "MAX_CONFIG_BYTES",
+           "MAX_CONFIG_DEPTH", "MAX_VALUE_DEPTH", "MAX_VALUE_ITEMS", "MODEL_SCHEMA",
+           "MultiheadAttentionAdapter", "Option", "POOLING", "PrefixCache", "SelfAttentionAdapter",
+           "TextClassifier", "TransformerClassifier", "ViTClassifier", "assemble_model",
+           "attention_units", "build_model", "calibrate_swapped", "check_model", "check_plain",
+           "check_section", "check_value", "find_attention_layers", "gap_to_softmax", "key_mask",
+           "load_hf_encoder", "load_yaml", "read_yaml_mapping", "resolve_block_attention",
            "swap_attention", "validate_model_spec"]

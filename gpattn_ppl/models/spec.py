@@ -24,8 +24,10 @@ import yaml
 
 from ..errors import GpattnError
 
-__all__ = ["ConfigError", "MODEL_SCHEMA", "Option", "check_model", "check_plain", "check_section",
-           "check_value", "read_yaml_mapping", "validate_model_spec"]
+__all__ = ["ConfigError", "ConfigLoader", "MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH",
+           "MAX_VALUE_DEPTH", "MAX_VALUE_ITEMS", "MODEL_SCHEMA", "Option", "check_model",
+           "check_plain", "check_section", "check_value", "load_yaml", "read_yaml_mapping",
+           "validate_model_spec"]
 
 
 class ConfigError(GpattnError, ValueError):
@@ -64,7 +66,7 @@ class ConfigLoader(yaml.SafeLoader):
     - only the tags ``!!str !!int !!float !!bool !!null !!map !!seq`` are constructed (no
       ``!!python/...``, ``!!binary``, ``!!set``, ``!!timestamp``).
 
-    Every refusal is a :class:`yaml.YAMLError` with the position (:func:`read_yaml_mapping`
+    Every refusal is a ``yaml.YAMLError`` with the position (:func:`read_yaml_mapping`
     turns it into a :class:`ConfigError` naming the file).
     """
 
@@ -156,7 +158,7 @@ for _tag, _regexp, _first in (
 def load_yaml(text: str):
     """``text`` parsed by :class:`ConfigLoader` (YAML 1.2 core schema, strict).
 
-    :raises yaml.YAMLError: invalid YAML, a duplicate key, an alias, a refused tag (with the
+    :raises ~yaml.YAMLError: invalid YAML, a duplicate key, an alias, a refused tag (with the
         position; :func:`read_yaml_mapping` names the file with it).
 
     >>> load_yaml("seed: 010\\nmode: 0o10\\nflag: yes\\nlr: 1e-3")
@@ -311,6 +313,7 @@ def _defaults(schema: dict) -> dict:
 #: nesting one config value may hold: a config value is a short mapping or list, and a YAML
 #: "billion laughs" (aliases of aliases) must not reach a deep copy or ``json.dumps``
 MAX_VALUE_ITEMS = 10_000
+#: see :data:`MAX_VALUE_ITEMS`
 MAX_VALUE_DEPTH = 16
 _SCALARS = (str, int, float, bool, type(None))
 

@@ -80,8 +80,8 @@ def _default_out(config: str) -> Path:
 
 def _train(args) -> int:
     from .config import load_config
-    from .experiment import Trainer
     from .output import dumps, summary
+    from .training import Trainer
 
     out = Path(args.out) if args.out else _default_out(args.config)
     trainer = Trainer(load_config(args.config, args.set), out, resume=args.resume,
@@ -92,8 +92,8 @@ def _train(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from .experiment import evaluate_run
     from .output import dumps, summary
+    from .results import evaluate_run
 
     results = evaluate_run(args.run_dir, ood=args.ood, overrides=args.set,
                            allow_changed_data=args.allow_changed_data, plots=not args.no_plots)

@@ -520,8 +520,8 @@ def _write_manifest(plan: ComparePlan, files: set[str]) -> None:
 def _check_data(plan: ComparePlan, bundle_cache: bool) -> dict:
     """Load the data of every run still to train and check its OOD set names, before the first
     run trains; returns the bundle cache (the last data loaded)."""
+    from .assembly import load_bundle
     from .evaluate import check_ood_names
-    from .experiment import load_bundle
 
     bundles: dict[str, object] = {}
     for planned in plan.runs.values():
@@ -540,7 +540,8 @@ def execute_plan(plan: ComparePlan, *, bundle_cache: bool = True) -> tuple[list[
 
     :returns: the summary rows and the figure paths written.
     """
-    from .experiment import Trainer, load_bundle
+    from .assembly import load_bundle
+    from .training import Trainer
 
     out_dir = plan.out_dir
     bundles = _check_data(plan, bundle_cache)

@@ -135,11 +135,11 @@ def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu",
 
 
 def read_inputs(path: str | Path, text_column: str | None = None) -> list[str]:
-    """Texts to predict from a file: ``.txt`` (one text per line, blank lines skipped; see
-    :func:`gpattn_ppl.data.read_text_lines`: a BOM is dropped, only ``\n`` / ``\r\n`` end a
-    line),
-    ``.csv`` / ``.tsv`` (column ``text`` or ``text_column``; other columns ignored) or
-    ``.jsonl`` (key ``text`` or ``text_column``), read by :func:`gpattn_ppl.data.read_texts`.
+    r"""Texts to predict from a file: ``.txt`` (one text per line, blank lines skipped, read by
+    :func:`gpattn_ppl.data.read_text_lines`: a byte-order mark is dropped and only ``\n`` /
+    ``\r\n`` end a line), ``.csv`` / ``.tsv`` (column ``text`` or ``text_column``; other columns
+    ignored) or ``.jsonl`` (key ``text`` or ``text_column``), read by
+    :func:`gpattn_ppl.data.read_texts`.
 
     :raises FileNotFoundError: no such file.
     :raises ValueError: an unknown extension, a missing column / key, an empty text, invalid

@@ -54,7 +54,8 @@ from typing import Any
 
 from ..errors import GpattnError
 
-__all__ = ["RUN_FILES", "LOCK_FILE", "RunFolderError", "acquire_lock", "check_run_folder",
+__all__ = ["IGNORED_KEYS", "RUN_FILES", "LOCK_FILE", "RunFolderError", "RunLock", "acquire_lock",
+           "check_run_folder",
            "config_differences", "clear_run_files", "holds_run", "listed_files", "read_manifest",
            "record_files", "run_lock", "write_json_atomic"]
 
@@ -303,7 +304,9 @@ def record_files(run_dir: str | Path, names: list[str]) -> None:
         write_json_atomic(manifest, run_dir / "run.json")
 
 
-class _Lock:
+class RunLock:
+    """A held run-folder lock (:func:`acquire_lock`)."""
+
     def __init__(self, fh, path: Path, created_dir: bool) -> None:
         self.fh, self.path, self.created_dir = fh, path, created_dir
 
@@ -323,7 +326,7 @@ class _Lock:
         self.fh = None
 
 
-def acquire_lock(run_dir: str | Path) -> _Lock:
+def acquire_lock(run_dir: str | Path) -> RunLock:
     """Take ``run_dir``'s write lock (creating the folder); see :func:`run_lock`.
 
     :raises RunFolderError: another process holds it (one line naming its pid and start).
@@ -340,7 +343,7 @@ def acquire_lock(run_dir: str | Path) -> _Lock:
     try:
         import fcntl
     except ImportError:  # not POSIX: no advisory locks; one writer is then the user's duty
-        return _Lock(open(path, "a+"), path, created)
+        return RunLock(open(path, "a+"), path, created)
     while True:
         fh = open(path, "a+")
         try:
@@ -363,7 +366,7 @@ def acquire_lock(run_dir: str | Path) -> _Lock:
     fh.truncate()
     fh.write(f"process {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})")
     fh.flush()
-    return _Lock(fh, path, created)
+    return RunLock(fh, path, created)
 
 
 @contextmanager
