@@ -307,16 +307,19 @@ def record_files(run_dir: str | Path, names: list[str]) -> None:
 class RunLock:
     """A held run-folder lock (:func:`acquire_lock`)."""
 
-    def __init__(self, fh, path: Path, created_dir: bool) -> None:
-        self.fh, self.path, self.created_dir = fh, path, created_dir
+    def __init__(self, fh, path: Path, created_dir: bool, created_file: bool) -> None:
+        self.fh, self.path = fh, path
+        self.created_dir, self.created_file = created_dir, created_file
 
     def release(self, *, remove: bool = False) -> None:
-        """Release the lock; ``remove``: also delete the lock file and the folder if this lock
-        created it and it is empty (a refused first run leaves nothing behind)."""
+        """Release the lock; ``remove`` (nothing was written): also delete the lock file and the
+        folder where this lock created them (the folder only if empty), so a refused run leaves
+        a folder as it found it."""
         if self.fh is None:
             return
         if remove:
-            self.path.unlink(missing_ok=True)
+            if self.created_file:
+                self.path.unlink(missing_ok=True)
             if self.created_dir:
                 try:
                     self.path.parent.rmdir()
@@ -340,10 +343,11 @@ def acquire_lock(run_dir: str | Path) -> RunLock:
     except OSError as err:
         raise RunFolderError(f"cannot create the run folder {run_dir}: {err.strerror}") from None
     path = run_dir / LOCK_FILE
+    new_file = not path.exists()
     try:
         import fcntl
     except ImportError:  # not POSIX: no advisory locks; one writer is then the user's duty
-        return RunLock(open(path, "a+"), path, created)
+        return RunLock(open(path, "a+"), path, created, new_file)
     while True:
         fh = open(path, "a+")
         try:
@@ -366,7 +370,7 @@ def acquire_lock(run_dir: str | Path) -> RunLock:
     fh.truncate()
     fh.write(f"process {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})")
     fh.flush()
-    return RunLock(fh, path, created)
+    return RunLock(fh, path, created, new_file)
 
 
 @contextmanager

@@ -177,10 +177,9 @@ class Trainer:
 
     def close(self, *, refused: bool = False) -> None:
         """Release the run folder's lock (:meth:`fit` does at its end); ``refused``: nothing was
-        written, so a folder the lock created is removed again if empty."""
+        written, so the lock file and a folder the lock created (if empty) are removed again."""
         if self._lock is not None:
-            remove = refused and not any(p.name != ".lock" for p in self.run_dir.iterdir())
-            self._lock.release(remove=remove)
+            self._lock.release(remove=refused)
             self._lock = None
 
     def __del__(self) -> None:

@@ -178,6 +178,7 @@ def test_force_on_a_folder_that_only_looks_like_a_run_deletes_nothing(tmp_path, 
         assert "no valid gpattn_ppl manifest" in line
         for name, text in files.items():
             assert (mine / name).read_text() == text
+        assert not (mine / ".lock").exists()  # the refusal left the folder as it was
 
 
 def test_force_never_follows_a_manifest_out_of_the_folder(run, tmp_path, capsys):
