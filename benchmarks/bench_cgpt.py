@@ -1,6 +1,6 @@
 """Per-layer forward + backward time of CGPT and SCGPT attention against softmax, and scaling in N.
 
-Setting of issue 5: B = 32, N = 64, C = 128, H = 4 (targets: CGPT at most 6x our softmax layer,
+Setting: B = 32, N = 64, C = 128, H = 4 (targets: CGPT at most 6x our softmax layer,
 SCGPT with m = l = 16 inducing inputs at most 3x), then time against N in {64, 256, 1024} with
 log-log slopes (target: SCGPT below 3; CGPT is O(N^3)). Each step is ``unit(x, mask)`` ->
 ``mean(out^2) + sum(terms)`` -> ``backward`` in train mode: one joint sample per (b, h) and the

@@ -1,5 +1,5 @@
 """Seconds per fine-tuning step of all-MiniLM-L6-v2 with a unit swapped into its last layer,
-over the unswapped model, per unit (issue 12).
+over the unswapped model, per unit.
 
 One step = the Pyro program's loss (``PyroProgram.loss``: forward, objective terms, ELBO) ->
 ``backward`` -> AdamW step with the two parameter groups, on a batch of ``--B`` sequences of

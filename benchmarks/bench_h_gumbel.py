@@ -1,6 +1,6 @@
 """Per-layer forward + backward time of h-sto-trans (and sto-trans) against softmax attention.
 
-Setting of issue 6: B = 32, N = 64, C = 128, H = 4 (target: h_gumbel at most 1.5x softmax).
+Setting: B = 32, N = 64, C = 128, H = 4 (target: h_gumbel at most 1.5x softmax).
 The machine may be shared, so the units are timed in interleaved rounds (softmax, then each
 unit, ``--repeats`` steps each) and the reported ratio is the median over rounds of the per-round
 ratio of medians; raw medians over all rounds are reported too. Writes JSON into

@@ -1,6 +1,6 @@
 """Per-layer forward + backward time of KEP-SVGP attention against softmax, and its scaling in N.
 
-Setting of issue 3: B = 32, N = 64, C = 128, H = 4, s = 10 (target: add merge at most 1.2x our
+Setting: B = 32, N = 64, C = 128, H = 4, s = 10 (target: add merge at most 1.2x our
 softmax layer), then time against N in {64, 256, 1024, 4096} with the log-log slope (target at
 most 1.15 for the add merge; softmax is O(N^2)). The machine may be shared, so the units of the
 ratio are timed in interleaved rounds (softmax, then each unit, ``--repeats`` steps each) and the

@@ -4,7 +4,7 @@ Writes ``benchmarks/results/sgpa.json`` with
 
 * ``layer``: B = 32, N = 64, C = 128, H = 4, M = 16: softmax, decoupled SGPA (full and diagonal
   covariance) and standard SGPA, each as a ratio to the softmax layer of the same run (the
-  issue's target: decoupled at most 3x softmax);
+  target: decoupled at most 3x softmax);
 * ``scaling``: time against N in {64, 256, 1024} (batch ``--sweep-batch``, default 4 so that
   the standard form's ``[B, H, N, N]`` factorisations fit in memory at N = 1024) for both forms
   and softmax, with least-squares log-log slopes.

@@ -1,6 +1,6 @@
 """Every attention unit against softmax: per-layer time ratios, scaling in N and peak memory.
 
-One script for the issue's table of targets (per layer, forward + backward in train mode, ratio
+One script for the table of per-layer targets (per layer, forward + backward in train mode, ratio
 to our softmax layer of the same run at N = 64 and N = 256, B = 32, C = 128, H = 4):
 
 * ``ratios``: for each N of ``--ratio-ns`` the units are timed in interleaved rounds

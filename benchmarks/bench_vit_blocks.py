@@ -1,5 +1,5 @@
 """Seconds per CIFAR-10 ViT training step of each unit in every block and in the last block
-only, over softmax's, in one run (issue 14: which units the CPU preset confines to the last block).
+only, over softmax's, in one run (which units the CPU preset confines to the last block).
 
 The model is the CPU preset's ViT (``experiments/configs/cifar10/softmax.yaml``: 3 blocks,
 patch 4 so N = 64, C = 128, 4 heads, MLP 128) with each unit's options from its CPU-preset

@@ -1,5 +1,5 @@
-"""Evidence tables: every unit with its default recipe beside the baselines (issue 13), and
-every unit swapped into a fine-tuned pretrained encoder (issue 12, task ``cola_finetune``).
+"""Evidence tables: every unit with its default recipe beside the baselines, and every unit
+swapped into a fine-tuned pretrained encoder (task ``cola_finetune``).
 
 Rows: ``softmax``, ``softmax + TS`` (temperature scaled on the validation split), ``mc_dropout``,
 ``deep ensemble (K)`` (K softmax members; one ensemble per block of K seeds, so 3 seeds of
@@ -15,8 +15,8 @@ Usage::
     python experiments/evidence.py cola --out runs/evidence_cola30
     python experiments/evidence.py cola_minilm --out runs/evidence_cola_minilm
     python experiments/evidence.py imdb_cr --out runs/evidence_imdb_cr     # from the repository root
-    python experiments/evidence.py cola_finetune --out runs/finetune_cola  # issue 12
-    python experiments/evidence.py cifar10 --out runs/evidence_cifar10     # issue 14
+    python experiments/evidence.py cola_finetune --out runs/finetune_cola
+    python experiments/evidence.py cifar10 --out runs/evidence_cifar10
     python experiments/evidence.py cola --out /tmp/ev --seeds 0 --ensemble 0 --set train.epochs=1
 """
 
@@ -48,7 +48,7 @@ from gpattn_ppl.run.shift_report import (
 )
 
 ROOT = Path(__file__).resolve().parent
-TOLERANCE = 0.03   # issue 13's per-seed criterion: within 0.03 of softmax's metric
+TOLERANCE = 0.03   # the per-seed "learns" criterion: within 0.03 of softmax's metric
 COLA = ROOT / "configs" / "cola"
 IMDB = ROOT / "configs" / "imdb"
 FINETUNE = ROOT / "configs" / "cola_finetune"
@@ -90,7 +90,7 @@ TASKS: dict[str, dict] = {
                  "(0.5 warm-up)",
         "metric": "mcc",
     },
-    "cifar10": {   # issue 14: the CPU preset (experiments/configs/cifar10/<method>.yaml)
+    "cifar10": {   # the CPU preset (experiments/configs/cifar10/<method>.yaml)
         "methods": {m: CIFAR / f"{m}.yaml" for m in (
             "softmax", "mc_dropout", "kernel_asym", "kernel_sym", "sgpa", "kep_svgp", "cgpt",
             "scgpt", "gumbel", "h_gumbel")},
@@ -104,7 +104,7 @@ TASKS: dict[str, dict] = {
         "ood_sets": ["digits", "photo_patches", "gaussian_noise", "uniform_noise",
                      "cifar10c:*:5"],
     },
-    "cola_finetune": {   # issue 12: units swapped into a pretrained encoder
+    "cola_finetune": {   # units swapped into a pretrained encoder
         "methods": {m: FINETUNE / f"{m}.yaml" for m in (
             "softmax", "mc_dropout", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel")},
         "settings": [],
@@ -296,7 +296,7 @@ def shift_and_ood_tables(runs: dict[str, list[dict]], ood_sets: list[str], out: 
 def per_seed_table(runs: dict[str, list[dict]], seeds: list[int], metric: str,
                    replicas: list[dict] = ()) -> str:
     """Test ``metric`` per seed and its difference to softmax's run with the same seed (the
-    "learns" criterion of issue 13: within ``TOLERANCE`` of softmax for every seed).
+    "learns" criterion: within ``TOLERANCE`` of softmax for every seed).
 
     ``replicas``: softmax runs with other seeds (the ensemble members). The closing line says how
     often softmax itself meets the criterion: over every ordered choice of ``len(seeds)``

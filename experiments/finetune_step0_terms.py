@@ -1,6 +1,6 @@
 """Each unit swapped into the last layer of all-MiniLM-L6-v2 (text extra): the cross-entropy and
 the unweighted objective terms (``kl``, ``cgp_loss``, ``ksvd_loss``) at step 0, after the
-pretrained initialisation and calibration, on one training batch of CoLA (issue 12).
+pretrained initialisation and calibration, on one training batch of CoLA.
 
 The ratio term / cross-entropy says how far a weight of 1 lets a term dominate the first steps;
 ``balanced_weight`` = ``--share`` x CE / term is the weight at which the term starts at that share

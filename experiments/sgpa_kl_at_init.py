@@ -1,6 +1,6 @@
 """SGPA swapped into the last layer of all-MiniLM-L6-v2 (text extra): its per-sequence KL at
 step 0, after the pretrained initialisation and calibration, against a rescaling f of the
-calibrated W_qk (issue 12: why fine-tuning SGPA with its KL collapses to the majority class).
+calibrated W_qk (why fine-tuning SGPA with its KL collapses to the majority class).
 
 Usage (from the repository root; about a minute on one core)::
 

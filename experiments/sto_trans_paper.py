@@ -9,8 +9,8 @@ of each of the T passes, mean ± standard deviation across passes, in distributi
 the predictive std and mutual information of the common metric suite.
 
     python experiments/sto_trans_paper.py run experiments/configs/imdb/*.yaml --seeds 0 \\
-        --out /work/exp/issue6/imdb --set data.limit_train=4000 --test-subset 2000
-    python experiments/sto_trans_paper.py table /work/exp/issue6/imdb --metric acc
+        --out runs/sto_trans_paper/imdb --set data.limit_train=4000 --test-subset 2000
+    python experiments/sto_trans_paper.py table runs/sto_trans_paper/imdb --metric acc
 """
 
 from __future__ import annotations

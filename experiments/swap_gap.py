@@ -1,4 +1,4 @@
-"""The step-0 gap of every unit swapped into the last layer of all-MiniLM-L6-v2 (issue 12).
+"""The step-0 gap of every unit swapped into the last layer of all-MiniLM-L6-v2.
 
 For each unit: swap it into the last layer (``init="pretrained"``), calibrate it on one seeded
 batch of CoLA training sentences (as the trainer does), and measure on other training sentences

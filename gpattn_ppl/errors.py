@@ -6,7 +6,7 @@ Each concrete class also derives from the builtin error it has always been (``Va
 =====================================================  =========================================
 class                                                  raised for
 =====================================================  =========================================
-:class:`gpattn_ppl.models.spec.ConfigError`            a bad config value (names the key path)
+:class:`gpattn_ppl.schema.ConfigError`                 a bad config value (names the key path)
 :class:`DataError`                                     a malformed data file (names file, line)
 :class:`gpattn_ppl.run.rundir.RunFolderError`          a run folder that may not be used as asked
 :class:`gpattn_ppl.infer.checkpoint.CheckpointError`   a missing, corrupt or mismatched checkpoint

@@ -7,10 +7,22 @@ from .h_gumbel import HierarchicalGumbelAttention
 from .kep_svgp import KEPSVGPAttention
 from .kernel import KernelAttention
 from .pretrained import (
+    NOISE_TARGET,
+    QUERY_SCALES,
     SoftmaxWeights,
+    copy_output_projection,
+    copy_qkv,
+    dropped_biases,
+    fit_value_gain,
     init_from_softmax,
+    mean_gap,
+    noise_excess,
+    pretrained_rule,
     register_pretrained_init,
     relative_error,
+    require_exponential_kernel,
+    search_query_scale,
+    shrink_noise,
 )
 from .registry import (
     ATTENTION,
@@ -25,7 +37,9 @@ from .softmax import SoftmaxAttention
 
 __all__ = ["ATTENTION", "AttentionUnit", "CGPTAttention", "SCGPTAttention", "GumbelAttention",
            "HierarchicalGumbelAttention", "KEPSVGPAttention", "KernelAttention", "MCDropout",
-           "SGPAttention", "SoftmaxAttention", "SoftmaxWeights", "attention_option_types",
-           "attention_options", "build_attention", "init_from_softmax", "register_pretrained_init",
-           "relative_error",
-           "check_attention_inputs", "register_attention"]
+           "NOISE_TARGET", "QUERY_SCALES", "SGPAttention", "SoftmaxAttention", "SoftmaxWeights",
+           "attention_option_types", "attention_options", "build_attention",
+           "check_attention_inputs", "copy_output_projection", "copy_qkv", "dropped_biases",
+           "fit_value_gain", "init_from_softmax", "mean_gap", "noise_excess", "pretrained_rule",
+           "register_attention", "register_pretrained_init", "relative_error",
+           "require_exponential_kernel", "search_query_scale", "shrink_noise"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -13,6 +14,14 @@ from ..gp.correlated_gp import CorrelatedGP
 from ..kernels.canonical_se import canonical_projection_init_
 from ..linalg import gp_precision
 from .base import AttentionUnit
+from .pretrained import (
+    SoftmaxWeights,
+    copy_output_projection,
+    dropped_biases,
+    fit_value_gain,
+    register_pretrained_init,
+    shrink_noise,
+)
 from .registry import register_attention
 
 __all__ = ["CGPTAttention"]
@@ -34,6 +43,12 @@ class _CorrelatedAttention(AttentionUnit):
     """
 
     stochastic = True
+
+    def init_inducing_from(self, x: torch.Tensor, mask: torch.Tensor | None) -> list[str]:
+        """Fit data-dependent inducing inputs from the inputs ``x [B, N, C]`` of a calibration
+        batch (pretrained initialisation); returns what was fitted, for the report. CGPT has
+        none (SCGPT overrides it)."""
+        return []
 
     def _where(self) -> str:
         """The module path named in numerics messages (the class name outside a model)."""
@@ -193,3 +208,28 @@ class CGPTAttention(_CorrelatedAttention):
                                         observation_noise=self.cgp_observation_noise)
             self._add_cgp_term(bound, mask, x.shape[1], x.dtype)
         return out
+
+
+# -- initialisation from a pretrained softmax layer (attention/pretrained.py) ------------------
+
+@register_pretrained_init(_CorrelatedAttention)
+def _correlated(unit: _CorrelatedAttention, w: SoftmaxWeights, x, mask) -> dict:
+    C = unit.dim
+    # exp(-|q - k|^2 / 2) = exp(q.k) exp(-|q|^2/2) exp(-|k|^2/2): inputs scaled by
+    # (s sqrt(D))^(1/2) D^(-1/4) = sqrt(s) carry the pretrained logits q.k s
+    r = math.sqrt(w.scale)
+    unit.proj.weight.copy_(torch.cat([w.q_weight * r, w.k_weight * r, w.v_weight]))
+    if unit.latent_mode == "free":
+        unit.latent.weight.copy_(w.k_weight * r)
+    else:
+        unit.latent_offset.zero_()
+    copy_output_projection(unit, w, fold_value_bias=True)
+    fitted = []
+    if x is not None:
+        fitted += unit.init_inducing_from(x, mask)     # SCGPT: inducing inputs from x
+        fit_value_gain(unit, w, x, mask, slice(2 * C, 3 * C))
+        a = shrink_noise(unit, w, x, mask, slice(2 * C, 3 * C))
+        fitted += ["W_v (per-head gain)", f"noise: W_v x {a:.3g}, W_O / {a:.3g}"]
+    return {"copied": ["W_q (x sqrt(s))", "W_k (x sqrt(s))", "W_o <- W_k (x sqrt(s))", "W_v",
+                       "W_O", "b_O + W_O b_v"], "fitted": fitted,
+            "not_carried": dropped_biases(w, ("q", "k"))}

@@ -12,6 +12,7 @@ from ..distributions import AttentionPredictive, SafeRelaxedOneHotCategorical
 from ..distributions import relaxed_one_hot as _roh
 from ..ppl import Schedule, ScheduledAttributes, build_schedule, positive_float
 from .base import AttentionUnit
+from .pretrained import SoftmaxWeights, copy_qkv, register_pretrained_init
 from .registry import register_attention
 
 __all__ = ["GumbelAttention"]
@@ -202,3 +203,12 @@ class GumbelAttention(ScheduledAttributes, AttentionUnit):
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         return self.proj_dropout(self.out(self.merge_heads(self._head_outputs(x, mask))))
+
+
+# -- initialisation from a pretrained softmax layer (attention/pretrained.py) ------------------
+
+@register_pretrained_init(GumbelAttention)
+def _gumbel(unit: GumbelAttention, w: SoftmaxWeights, x, mask) -> dict:
+    copy_qkv(unit, w, w.scale)       # no 1/sqrt(D) in the unit: tau takes its place
+    return {"copied": ["W_q (x 1/sqrt(D))", "b_q (x 1/sqrt(D))", "W_k", "b_k", "W_v", "b_v",
+                       "W_O", "b_O"], "fitted": [], "not_carried": []}

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..ppl import positive_float
 from .gumbel import GumbelAttention, _schedule_or_none
+from .pretrained import SoftmaxWeights, pretrained_rule, register_pretrained_init
 from .registry import register_attention
 
 __all__ = ["HierarchicalGumbelAttention"]
@@ -23,12 +24,13 @@ class HierarchicalGumbelAttention(GumbelAttention):
     r"""Hierarchical stochastic attention (h-sto-trans, STO eqs. 14-17, Algorithm 1).
 
     Per head, with keys :math:`k \in \mathbb R^{N \times D}` and learnable centroids
-    :math:`C \in \mathbb R^{D \times c}`:
+    :math:`Z \in \mathbb R^{D \times c}` (the paper's :math:`C`; ``centroids`` in the code, Z here
+    since C is the model width):
 
     .. math::
-        \hat a_c &\sim \mathrm{Concrete}(k C,\ \tau_1) \in [0, 1]^{N \times c}
+        \hat a_c &\sim \mathrm{Concrete}(k Z,\ \tau_1) \in [0, 1]^{N \times c}
             &&\text{(eq. 14: each key attends to the centroids)}\\
-        \hat k &= \hat a_c C^\top \in \mathbb R^{N \times D}
+        \hat k &= \hat a_c Z^\top \in \mathbb R^{N \times D}
             &&\text{(eq. 15: keys become random mixtures of centroids)}\\
         \hat a_v &\sim \mathrm{Concrete}(q \hat k^\top \;(-\infty \text{ on padded keys}),\ \tau_2)
             &&\text{(eq. 16)}\\
@@ -44,11 +46,11 @@ class HierarchicalGumbelAttention(GumbelAttention):
     uniform Concrete priors at fixed temperatures, MC KL of padded rows masked out).
 
     Inside :class:`~gpattn_ppl.settings.posterior_mean`: both draws are replaced by their values
-    at the modal noise :math:`g = 0`, :math:`\hat a_c = \mathrm{softmax}(kC/\tau_1)`,
+    at the modal noise :math:`g = 0`, :math:`\hat a_c = \mathrm{softmax}(kZ/\tau_1)`,
     :math:`\hat a_v = \mathrm{softmax}(q\hat k^\top/\tau_2)` (deterministic).
 
     Proposition 3.1 (STO eq. 18): with shared noise,
-    :math:`\|\hat a_c(k_i) - \hat a_c(k_j)\|_2 \le \|k_i - k_j\|_2\,\|C\|_2/\tau_1`.
+    :math:`\|\hat a_c(k_i) - \hat a_c(k_j)\|_2 \le \|k_i - k_j\|_2\,\|Z\|_2/\tau_1`.
 
     :param dim: C. :param heads: H.
     :param temperature: :math:`\tau_2`, the value-attention temperature (IMDB 20 or 30, CoLA 1).
@@ -57,8 +59,8 @@ class HierarchicalGumbelAttention(GumbelAttention):
     :param centroid_temperature_schedule: optional schedule spec for :math:`\tau_1`.
     :param num_centroids: c (not reported by the paper; default 16).
     :param centroids_per_head: one ``[D, c]`` matrix per head instead of one shared by the heads
-        (the paper's notation has a single C).
-    :param centroid_init: ``"normal"`` (:math:`C_{dj} \sim \mathcal N(0, 1/D)`) or ``"kmeans"``
+        (the paper's notation has a single centroid matrix).
+    :param centroid_init: ``"normal"`` (:math:`Z_{dj} \sim \mathcal N(0, 1/D)`) or ``"kmeans"``
         (k-means of the real keys of the first training batch, see :meth:`init_centroids`).
     :param prior: ``"same"`` or ``"uniform"``. :param prior_temperature: temperature of the
         uniform prior over keys (``None``: ``temperature``).
@@ -124,17 +126,17 @@ class HierarchicalGumbelAttention(GumbelAttention):
 
     # -- centroids ----------------------------------------------------------------------------
     def _centroids(self) -> torch.Tensor:
-        """C broadcastable against ``[B, H, N, D]`` keys: ``[D, c]`` or ``[H, D, c]``."""
+        """Z broadcastable against ``[B, H, N, D]`` keys: ``[D, c]`` or ``[H, D, c]``."""
         return self.centroids
 
     @torch.no_grad()
     def init_centroids(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                        iters: int = 10) -> None:
-        r"""k-means initialisation of C from the keys of the real tokens of ``x`` ``[B, N, C]``.
+        r"""k-means initialisation of Z from the keys of the real tokens of ``x`` ``[B, N, C]``.
 
         Lloyd's algorithm, ``iters`` iterations, started from c keys drawn without replacement
         (with replacement when there are fewer than c real keys); empty clusters keep their
-        previous centroid. Keys of all heads are pooled for a shared C, clustered per head
+        previous centroid. Keys of all heads are pooled for a shared Z, clustered per head
         (batched) otherwise. Clears the pending flag of ``centroid_init="kmeans"``.
         """
         _, k, _ = self.project(x)                                        # [B, H, N, D]
@@ -161,20 +163,20 @@ class HierarchicalGumbelAttention(GumbelAttention):
 
     # -- forward ------------------------------------------------------------------------------
     def centroid_logits(self, k: torch.Tensor) -> torch.Tensor:
-        r"""Key-to-centroid logits :math:`k C` ``[B, H, N, c]`` (eq. 14)."""
-        C = self._centroids()
-        if C.dim() == 2:            # shared C: one [B H N, D] x [D, c] GEMM (cheap backward)
-            return (k.reshape(-1, k.shape[-1]) @ C).view(*k.shape[:-1], C.shape[-1])
-        return k @ C
+        r"""Key-to-centroid logits :math:`k Z` ``[B, H, N, c]`` (eq. 14)."""
+        Z = self._centroids()
+        if Z.dim() == 2:            # shared Z: one [B H N, D] x [D, c] GEMM (cheap backward)
+            return (k.reshape(-1, k.shape[-1]) @ Z).view(*k.shape[:-1], Z.shape[-1])
+        return k @ Z
 
     def hierarchical_keys(self, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        r"""New keys :math:`\hat k = \hat a_c C^\top` ``[B, H, N, D]`` (eqs. 14-15), one draw."""
+        r"""New keys :math:`\hat k = \hat a_c Z^\top` ``[B, H, N, D]`` (eqs. 14-15), one draw."""
         a_c = self._weights("centroid_weights", self.centroid_logits(k),
                             self.centroid_temperature, mask, self.centroid_prior_temperature)
-        C = self._centroids()
-        if C.dim() == 2:
-            return (a_c.reshape(-1, a_c.shape[-1]) @ C.T).view(*a_c.shape[:-1], C.shape[0])
-        return a_c @ C.transpose(-1, -2)
+        Z = self._centroids()
+        if Z.dim() == 2:
+            return (a_c.reshape(-1, a_c.shape[-1]) @ Z.T).view(*a_c.shape[:-1], Z.shape[0])
+        return a_c @ Z.transpose(-1, -2)
 
     def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """One draw (or the noise-free value) of the value attention ``[B, H, N, N']``."""
@@ -194,3 +196,14 @@ class HierarchicalGumbelAttention(GumbelAttention):
             if self._pending:
                 self.init_centroids(x, mask)
         return self.proj_dropout(self.out(self.merge_heads(self._head_outputs(x, mask))))
+
+
+# -- initialisation from a pretrained softmax layer (attention/pretrained.py) ------------------
+
+@register_pretrained_init(HierarchicalGumbelAttention)
+def _h_gumbel(unit: HierarchicalGumbelAttention, w: SoftmaxWeights, x, mask) -> dict:
+    report = pretrained_rule(GumbelAttention)(unit, w, x, mask)
+    if x is not None:
+        unit.init_centroids(x, mask)
+        report["fitted"] = ["centroids (k-means of the pretrained keys)"]
+    return report

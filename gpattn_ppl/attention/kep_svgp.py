@@ -13,6 +13,13 @@ from ..features.kernel_eigen import FEATURE_MAPS, KernelEigenFeatures
 from ..linalg import gp_precision
 from ..variational.kernel_eigen_pair_strategy import KernelEigenPairStrategy
 from .base import AttentionUnit
+from .pretrained import (
+    SoftmaxWeights,
+    copy_output_projection,
+    dropped_biases,
+    noise_excess,
+    register_pretrained_init,
+)
 from .registry import register_attention
 
 __all__ = ["KEPSVGPAttention"]
@@ -213,3 +220,58 @@ class KEPSVGPAttention(AttentionUnit):
         if self.token_mixing == "dense":
             return torch.matmul(self.W_1, F_cat)
         return torch.matmul(self.mix_A, torch.matmul(self.mix_B.mT, F_cat))
+
+
+# -- initialisation from a pretrained softmax layer (attention/pretrained.py) ------------------
+
+@register_pretrained_init(KEPSVGPAttention)
+def _kep_svgp(unit: KEPSVGPAttention, w: SoftmaxWeights, x, mask) -> dict:
+    feats = unit.features
+    feats.qk.weight.copy_(torch.cat([w.q_weight, w.k_weight]))
+    copy_output_projection(unit, w, fold_value_bias=True)
+    fitted = []
+    if x is not None:
+        if unit.merge != "add":
+            raise ValueError(f"{unit.site_prefix or 'KEPSVGPAttention'}: the pretrained "
+                             f"calibration fits merge='add' only, not {unit.merge!r}")
+        phi_q, phi_k = feats.feature_maps(x)                              # [B, H, N, D]
+        if mask is not None:
+            real = mask[:, None, :, None].to(phi_q.dtype)
+            phi_q, phi_k = phi_q * real, phi_k * real
+        cross = torch.einsum("bhnd,bhne->hde", phi_q, phi_k) / x.shape[0]   # [H, D, D]
+        U, S, Vh = torch.linalg.svd(cross.double())
+        s = unit.rank
+        feats.W_e.copy_(U[..., :s].to(feats.W_e))
+        feats.W_r.copy_(Vh.mT[..., :s].to(feats.W_r))
+        lam = S[:, :s].clamp_min(1e-6).float()
+        feats.lambda_ = lam
+        # m_d = lambda_d e_d (one prior std along its own feature): F = P Lambda^-1 M = P;
+        # S_d = Lambda^2, the prior's covariance, as the strategy initialises it
+        q_u = unit.strategy.q_u
+        q_u.variational_mean.copy_(torch.diag_embed(lam).to(q_u.variational_mean))
+        H = lam.shape[0]
+        q_u.chol_variational_covar.copy_(
+            torch.diag_embed(lam)[:, None].expand(H, s, s, s).to(q_u.chol_variational_covar))
+        # W_add: least squares of the head outputs on the posterior-mean features
+        E, R = feats(x, mask)
+        G, _ = unit._output_maps(E, R)[0]                                # [B, H, N, s]
+        m = unit.strategy.q_params(G.dtype)[0]                           # [H, s, s]
+        Gm = torch.einsum("bhni,hdi->bhnd", G, m)                         # [B, H, N, s]
+        ref = w.head_outputs(x, mask, value_bias=False).to(G.dtype)      # [B, H, N, D]
+        real = (mask if mask is not None
+                else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device))
+        Gh = Gm.permute(1, 0, 2, 3)[:, real]                              # [H, P, s]
+        Rh = ref.permute(1, 0, 2, 3)[:, real]                             # [H, P, D]
+        sol = torch.linalg.lstsq(Gh.double(), Rh.double()).solution        # [H, s, D]
+        unit.W_add.copy_(sol.to(unit.W_add))
+        # the output is linear in U = M + L eps: dividing L by a divides the noise by a
+        a = noise_excess(unit, w, x, mask)
+        if a > 1.0:
+            unit.strategy.q_u.chol_variational_covar.div_(a)
+        fitted += ["W_e, W_r, Lambda (top-s SVD of the pooled Phi_q^T Phi_k)",
+                   "q(u) mean m_d = lambda_d e_d (then F = E + R)",
+                   "W_add (least squares onto the pretrained head outputs)",
+                   f"noise: q(u) covariance factor / {a:.3g}"]
+    return {"copied": ["W_q, W_k -> feature projection", "W_O", "b_O + W_O b_v"],
+            "fitted": fitted, "not_carried": ["W_v (KEP-SVGP has no values)"]
+            + dropped_biases(w, ("q", "k"))}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -10,6 +11,15 @@ from torch import nn
 from ..distributions import AttentionPredictive
 from ..kernels import KERNELS, canonical_projection_init_, gram, log_gram, make_attention_kernel
 from .base import AttentionUnit
+from .pretrained import (
+    SoftmaxWeights,
+    copy_output_projection,
+    dropped_biases,
+    fit_value_gain,
+    register_pretrained_init,
+    require_exponential_kernel,
+    search_query_scale,
+)
 from .registry import register_attention
 
 __all__ = ["KernelAttention"]
@@ -91,3 +101,33 @@ class KernelAttention(AttentionUnit):
         q, k, v = self.project(x)
         A = self.attn_dropout(self._matrix(q, k, mask))
         return self.proj_dropout(self.out(self.merge_heads(A @ v)))
+
+
+# -- initialisation from a pretrained softmax layer (attention/pretrained.py) ------------------
+
+@register_pretrained_init(KernelAttention)
+def _kernel(unit: KernelAttention, w: SoftmaxWeights, x, mask) -> dict:
+    C = unit.dim
+    require_exponential_kernel(unit)
+    qk = [w.q_weight] if unit.symmetric else [w.q_weight, w.k_weight]
+    scale = w.scale * math.sqrt(unit.head_dim)      # the exponential kernel scales by 1/sqrt(D)
+    unit.kernel.outputscale = torch.ones(unit.heads)
+    v_rows = slice((unit.n_proj - 1) * C, unit.n_proj * C)
+
+    def trial(c: float) -> None:
+        unit.proj.weight.copy_(torch.cat([t * (c * math.sqrt(scale)) for t in qk] + [w.v_weight]))
+        copy_output_projection(unit, w, fold_value_bias=True)
+        if x is not None and not unit.normalize:
+            fit_value_gain(unit, w, x, mask, v_rows)
+
+    fitted = []
+    if x is None or not unit.symmetric:
+        trial(1.0)
+    else:               # tied W_q = W_k: the self term q.q dominates at c = 1
+        c = search_query_scale(unit, w, x, mask, trial)
+        fitted.append(f"W_qk scale c = {c:g} (searched)")
+    if x is not None and not unit.normalize:
+        fitted.append("W_v (per-head gain)")
+    return {"copied": ["W_qk <- W_q" if unit.symmetric else "W_q", *([] if unit.symmetric
+                       else ["W_k"]), "W_v", "W_O", "b_O + W_O b_v"], "fitted": fitted,
+            "not_carried": dropped_biases(w, ("q", "k")) + (["W_k"] if unit.symmetric else [])}

@@ -4,8 +4,9 @@ A pretrained layer is read into :class:`SoftmaxWeights` (projections ``W_q, W_k,
 their biases); :func:`init_from_softmax` copies into a unit what it has of them and, given the
 layer's inputs on a calibration batch, fits the unit's GP-specific parameters so that its
 posterior-mean output is as close to the pretrained layer's as the unit allows.
-``docs/derivations/pretrained_init.rst`` derives each rule; :func:`register_pretrained_init`
-adds the rule of a plug-in unit.
+``docs/derivations/pretrained_init.rst`` derives each rule. Each rule lives in its unit's module,
+registered with :func:`register_pretrained_init` (as a plug-in unit registers its own); this
+module holds the registry, the weights type and the shared steps the rules are made of.
 
 Rules (``x`` = the layer's inputs on the calibration batch, ``A = softmax(q k^T / sqrt(D))``):
 
@@ -50,16 +51,11 @@ import torch.nn.functional as F
 
 from .. import settings
 from .base import AttentionUnit
-from .cgpt import _CorrelatedAttention
-from .gumbel import GumbelAttention
-from .h_gumbel import HierarchicalGumbelAttention
-from .kep_svgp import KEPSVGPAttention
-from .kernel import KernelAttention
-from .scgpt import SCGPTAttention
-from .sgpa import SGPAttention
-from .softmax import SoftmaxAttention
 
-__all__ = ["SoftmaxWeights", "init_from_softmax", "register_pretrained_init", "relative_error"]
+__all__ = ["NOISE_TARGET", "QUERY_SCALES", "SoftmaxWeights", "copy_output_projection",
+           "copy_qkv", "dropped_biases", "fit_value_gain", "init_from_softmax", "mean_gap",
+           "noise_excess", "pretrained_rule", "register_pretrained_init", "relative_error",
+           "require_exponential_kernel", "search_query_scale", "shrink_noise"]
 
 
 @dataclass
@@ -169,6 +165,18 @@ def register_pretrained_init(cls: type):
     return wrap
 
 
+def pretrained_rule(cls: type) -> Callable:
+    """The rule registered for ``cls`` or its nearest base class (a subclass's rule may build on
+    its base's).
+
+    :raises ValueError: no class in ``cls``'s MRO has a rule.
+    """
+    rule = next((_RULES[c] for c in cls.__mro__ if c in _RULES), None)
+    if rule is None:
+        raise ValueError(f"no pretrained initialisation for {cls.__name__}")
+    return rule
+
+
 @torch.no_grad()
 def init_from_softmax(unit: AttentionUnit, weights: SoftmaxWeights, x: torch.Tensor | None = None,
                       mask: torch.Tensor | None = None) -> dict:
@@ -209,24 +217,29 @@ def init_from_softmax(unit: AttentionUnit, weights: SoftmaxWeights, x: torch.Ten
 
 # -- helpers ----------------------------------------------------------------------------------
 
-def _copy_out(unit, w: SoftmaxWeights, fold_value_bias: bool) -> None:
+def copy_output_projection(unit, w: SoftmaxWeights, fold_value_bias: bool) -> None:
+    """``W_O`` into ``unit.out``, and ``b_O`` (``fold_value_bias``: :math:`b_O + W_O b_v`, for a
+    unit without a value bias)."""
     unit.out.weight.copy_(w.out_weight)
     if unit.out.bias is not None:
         unit.out.bias.copy_(w.folded_out_bias() if fold_value_bias else
                             (w.out_bias if w.out_bias is not None else 0.0))
 
 
-def _require_exponential(unit) -> None:
+def require_exponential_kernel(unit) -> None:
+    """Refuse a unit whose kernel is not the exponential one (a softmax layer maps onto it)."""
     if unit.kernel_name != "exponential":
         raise ValueError(f"{unit.site_prefix or type(unit).__name__}: a pretrained softmax layer "
                          f"maps onto the exponential kernel only, not {unit.kernel_name!r}")
 
 
-def _dropped(w: SoftmaxWeights, names) -> list[str]:
+def dropped_biases(w: SoftmaxWeights, names) -> list[str]:
+    """``["b_q", ...]``: the biases among ``names`` (``"q"``, ``"k"``) the layer has and a unit
+    without them drops (for the report)."""
     return [f"b_{n}" for n in names if getattr(w, f"{n}_bias") is not None]
 
 
-def _value_gain(unit, w: SoftmaxWeights, x, mask, v_rows: slice) -> list[float]:
+def fit_value_gain(unit, w: SoftmaxWeights, x, mask, v_rows: slice) -> list[float]:
     """Fit and apply the per-head value gain :math:`g_h` (see the module docstring) to the
     rows ``v_rows`` of ``unit.proj.weight``; returns the gains."""
     with settings.posterior_mean():
@@ -250,20 +263,21 @@ NOISE_TARGET = 0.25
 
 
 @torch.no_grad()
-def _mean_gap(unit, w: SoftmaxWeights, x, mask) -> float:
+def mean_gap(unit, w: SoftmaxWeights, x, mask) -> float:
+    """:func:`relative_error` of the unit's posterior-mean output to the pretrained layer's."""
     with settings.posterior_mean():
         out = unit(x, mask)
     return relative_error(out, w.output(x, mask), mask)
 
 
-def _search_query_scale(unit, w: SoftmaxWeights, x, mask, trial) -> float:
+def search_query_scale(unit, w: SoftmaxWeights, x, mask, trial) -> float:
     """The scale ``c`` of :data:`QUERY_SCALES` whose ``trial(c)`` (which re-copies the
     projections scaled by ``c`` and refits) gives the smallest posterior-mean gap on the
     calibration batch; ``trial(c)`` is left applied."""
     gaps = {}
     for c in QUERY_SCALES:
         trial(c)
-        gaps[c] = _mean_gap(unit, w, x, mask)
+        gaps[c] = mean_gap(unit, w, x, mask)
     best = min(gaps, key=lambda c: (not math.isfinite(gaps[c]), gaps[c]))
     trial(best)
     return best
@@ -276,7 +290,7 @@ def _noise_ratio(draw, mean, ref, mask) -> float:
 
 
 @torch.no_grad()
-def _noise_excess(unit, w: SoftmaxWeights, x, mask, draws: int = 4) -> float:
+def noise_excess(unit, w: SoftmaxWeights, x, mask, draws: int = 4) -> float:
     """``a`` = (one draw's noise relative to the pretrained output, averaged over ``draws``) /
     ``NOISE_TARGET``, or 1 when that is below the target."""
     with settings.posterior_mean():
@@ -290,21 +304,19 @@ def _noise_excess(unit, w: SoftmaxWeights, x, mask, draws: int = 4) -> float:
 
 
 @torch.no_grad()
-def _shrink_noise(unit, w: SoftmaxWeights, x, mask, v_rows: slice) -> float:
+def shrink_noise(unit, w: SoftmaxWeights, x, mask, v_rows: slice) -> float:
     r"""Scale the values by :math:`a` and :math:`W_O` by :math:`1/a` so that one draw's noise
     is at most ``NOISE_TARGET`` of the pretrained output: the mean is unchanged and, in units
     whose predictive covariance does not depend on the values (SGPA, CGPT, SCGPT), the noise is
     divided by :math:`a`. Returns :math:`a` (1: already small enough)."""
-    a = _noise_excess(unit, w, x, mask)
+    a = noise_excess(unit, w, x, mask)
     if a > 1.0:
         unit.proj.weight[v_rows].mul_(a)
         unit.out.weight.div_(a)
     return a
 
 
-# -- rules --------------------------------------------------------------------------------------
-
-def _copy_qkv(unit, w: SoftmaxWeights, q_scale: float) -> None:
+def copy_qkv(unit, w: SoftmaxWeights, q_scale: float) -> None:
     """The fused ``qkv`` (weights and biases) of a unit with softmax-shaped projections, the
     queries (weight and bias) scaled by ``q_scale``, and ``W_O``, ``b_O`` as they are."""
     C = unit.dim
@@ -314,173 +326,4 @@ def _copy_qkv(unit, w: SoftmaxWeights, q_scale: float) -> None:
             unit.qkv.bias[i * C:(i + 1) * C].zero_()
         else:
             unit.qkv.bias[i * C:(i + 1) * C].copy_(b * q_scale if i == 0 else b)
-    _copy_out(unit, w, fold_value_bias=False)
-
-
-@register_pretrained_init(SoftmaxAttention)
-def _softmax(unit: SoftmaxAttention, w: SoftmaxWeights, x, mask) -> dict:
-    # the unit scales by 1/sqrt(D): a non-standard scale s is folded into the queries
-    _copy_qkv(unit, w, w.scale * math.sqrt(unit.head_dim))
-    return {"copied": ["W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_O", "b_O"], "fitted": [],
-            "not_carried": []}
-
-
-@register_pretrained_init(GumbelAttention)
-def _gumbel(unit: GumbelAttention, w: SoftmaxWeights, x, mask) -> dict:
-    _copy_qkv(unit, w, w.scale)       # no 1/sqrt(D) in the unit: tau takes its place
-    return {"copied": ["W_q (x 1/sqrt(D))", "b_q (x 1/sqrt(D))", "W_k", "b_k", "W_v", "b_v",
-                       "W_O", "b_O"], "fitted": [], "not_carried": []}
-
-
-@register_pretrained_init(HierarchicalGumbelAttention)
-def _h_gumbel(unit: HierarchicalGumbelAttention, w: SoftmaxWeights, x, mask) -> dict:
-    report = _gumbel(unit, w, x, mask)
-    if x is not None:
-        unit.init_centroids(x, mask)
-        report["fitted"] = ["centroids (k-means of the pretrained keys)"]
-    return report
-
-
-@register_pretrained_init(KernelAttention)
-def _kernel(unit: KernelAttention, w: SoftmaxWeights, x, mask) -> dict:
-    C = unit.dim
-    _require_exponential(unit)
-    qk = [w.q_weight] if unit.symmetric else [w.q_weight, w.k_weight]
-    scale = w.scale * math.sqrt(unit.head_dim)      # the exponential kernel scales by 1/sqrt(D)
-    unit.kernel.outputscale = torch.ones(unit.heads)
-    v_rows = slice((unit.n_proj - 1) * C, unit.n_proj * C)
-
-    def trial(c: float) -> None:
-        unit.proj.weight.copy_(torch.cat([t * (c * math.sqrt(scale)) for t in qk] + [w.v_weight]))
-        _copy_out(unit, w, fold_value_bias=True)
-        if x is not None and not unit.normalize:
-            _value_gain(unit, w, x, mask, v_rows)
-
-    fitted = []
-    if x is None or not unit.symmetric:
-        trial(1.0)
-    else:               # tied W_q = W_k: the self term q.q dominates at c = 1
-        c = _search_query_scale(unit, w, x, mask, trial)
-        fitted.append(f"W_qk scale c = {c:g} (searched)")
-    if x is not None and not unit.normalize:
-        fitted.append("W_v (per-head gain)")
-    return {"copied": ["W_qk <- W_q" if unit.symmetric else "W_q", *([] if unit.symmetric
-                       else ["W_k"]), "W_v", "W_O", "b_O + W_O b_v"], "fitted": fitted,
-            "not_carried": _dropped(w, ("q", "k")) + (["W_k"] if unit.symmetric else [])}
-
-
-@register_pretrained_init(SGPAttention)
-def _sgpa(unit: SGPAttention, w: SoftmaxWeights, x, mask) -> dict:
-    C = unit.dim
-    _require_exponential(unit)
-    # the symmetric kernel sees q.q: W_qk = c sqrt(s sqrt(D)) W_q (c = 1 keeps the logits' scale)
-    base = w.q_weight * math.sqrt(w.scale * math.sqrt(unit.head_dim))
-    _copy_out(unit, w, fold_value_bias=True)
-    fitted = []
-    if unit.variant == "decoupled" and unit.num_inducing > 0:
-        unit.strategy.inducing_weights.zero_()      # the mean is then linear in the values
-        fitted.append("inducing weights a_beta = 0")
-        if x is not None:
-            tokens = x[mask] if mask is not None else x.reshape(-1, C)
-            idx = torch.randperm(tokens.shape[0], device=x.device)
-            M = unit.num_inducing
-            idx = idx[:M] if idx.numel() >= M else idx[torch.arange(M, device=x.device) % idx.numel()]
-            Z = unit.strategy.inducing.inducing_inputs                  # [H, M, C]
-            Z.copy_(tokens[idx].unsqueeze(0).expand_as(Z))
-            fitted.append("inducing keys Z_beta (tokens of the calibration batch)")
-
-    def trial(c: float) -> None:
-        unit.proj.weight.copy_(torch.cat([base * c, w.v_weight]))
-        _copy_out(unit, w, fold_value_bias=True)
-        if x is not None:
-            _value_gain(unit, w, x, mask, slice(C, 2 * C))
-
-    if x is None:
-        trial(1.0)
-    else:
-        c = _search_query_scale(unit, w, x, mask, trial)
-        a = _shrink_noise(unit, w, x, mask, slice(C, 2 * C))
-        fitted += [f"W_qk scale c = {c:g} (searched)", "W_v (per-head gain)",
-                   f"noise: W_v x {a:.3g}, W_O / {a:.3g}"]
-    return {"copied": ["W_qk <- W_q", "W_v", "W_O", "b_O + W_O b_v"], "fitted": fitted,
-            "not_carried": ["W_k"] + _dropped(w, ("q", "k"))}
-
-
-@register_pretrained_init(_CorrelatedAttention)
-def _correlated(unit: _CorrelatedAttention, w: SoftmaxWeights, x, mask) -> dict:
-    C = unit.dim
-    # exp(-|q - k|^2 / 2) = exp(q.k) exp(-|q|^2/2) exp(-|k|^2/2): inputs scaled by
-    # (s sqrt(D))^(1/2) D^(-1/4) = sqrt(s) carry the pretrained logits q.k s
-    r = math.sqrt(w.scale)
-    unit.proj.weight.copy_(torch.cat([w.q_weight * r, w.k_weight * r, w.v_weight]))
-    if unit.latent_mode == "free":
-        unit.latent.weight.copy_(w.k_weight * r)
-    else:
-        unit.latent_offset.zero_()
-    _copy_out(unit, w, fold_value_bias=True)
-    fitted = []
-    if x is not None:
-        if isinstance(unit, SCGPTAttention):
-            _, k, _, x_o = unit.project(x)
-            unit.gp.init_inducing_(x_o, k, mask)
-            unit._inducing_ready = True
-            fitted.append("inducing inputs s_m, s_l (from the calibration batch)")
-        _value_gain(unit, w, x, mask, slice(2 * C, 3 * C))
-        a = _shrink_noise(unit, w, x, mask, slice(2 * C, 3 * C))
-        fitted += ["W_v (per-head gain)", f"noise: W_v x {a:.3g}, W_O / {a:.3g}"]
-    return {"copied": ["W_q (x sqrt(s))", "W_k (x sqrt(s))", "W_o <- W_k (x sqrt(s))", "W_v",
-                       "W_O", "b_O + W_O b_v"], "fitted": fitted,
-            "not_carried": _dropped(w, ("q", "k"))}
-
-
-@register_pretrained_init(KEPSVGPAttention)
-def _kep_svgp(unit: KEPSVGPAttention, w: SoftmaxWeights, x, mask) -> dict:
-    feats = unit.features
-    feats.qk.weight.copy_(torch.cat([w.q_weight, w.k_weight]))
-    _copy_out(unit, w, fold_value_bias=True)
-    fitted = []
-    if x is not None:
-        if unit.merge != "add":
-            raise ValueError(f"{unit.site_prefix or 'KEPSVGPAttention'}: the pretrained "
-                             f"calibration fits merge='add' only, not {unit.merge!r}")
-        phi_q, phi_k = feats.feature_maps(x)                              # [B, H, N, D]
-        if mask is not None:
-            real = mask[:, None, :, None].to(phi_q.dtype)
-            phi_q, phi_k = phi_q * real, phi_k * real
-        cross = torch.einsum("bhnd,bhne->hde", phi_q, phi_k) / x.shape[0]   # [H, D, D]
-        U, S, Vh = torch.linalg.svd(cross.double())
-        s = unit.rank
-        feats.W_e.copy_(U[..., :s].to(feats.W_e))
-        feats.W_r.copy_(Vh.mT[..., :s].to(feats.W_r))
-        lam = S[:, :s].clamp_min(1e-6).float()
-        feats.lambda_ = lam
-        # m_d = lambda_d e_d (one prior std along its own feature): F = P Lambda^-1 M = P;
-        # S_d = Lambda^2, the prior's covariance, as the strategy initialises it
-        q_u = unit.strategy.q_u
-        q_u.variational_mean.copy_(torch.diag_embed(lam).to(q_u.variational_mean))
-        H = lam.shape[0]
-        q_u.chol_variational_covar.copy_(
-            torch.diag_embed(lam)[:, None].expand(H, s, s, s).to(q_u.chol_variational_covar))
-        # W_add: least squares of the head outputs on the posterior-mean features
-        E, R = feats(x, mask)
-        G, _ = unit._output_maps(E, R)[0]                                # [B, H, N, s]
-        m = unit.strategy.q_params(G.dtype)[0]                           # [H, s, s]
-        Gm = torch.einsum("bhni,hdi->bhnd", G, m)                         # [B, H, N, s]
-        ref = w.head_outputs(x, mask, value_bias=False).to(G.dtype)      # [B, H, N, D]
-        real = (mask if mask is not None
-                else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device))
-        Gh = Gm.permute(1, 0, 2, 3)[:, real]                              # [H, P, s]
-        Rh = ref.permute(1, 0, 2, 3)[:, real]                             # [H, P, D]
-        sol = torch.linalg.lstsq(Gh.double(), Rh.double()).solution        # [H, s, D]
-        unit.W_add.copy_(sol.to(unit.W_add))
-        # the output is linear in U = M + L eps: dividing L by a divides the noise by a
-        a = _noise_excess(unit, w, x, mask)
-        if a > 1.0:
-            unit.strategy.q_u.chol_variational_covar.div_(a)
-        fitted += ["W_e, W_r, Lambda (top-s SVD of the pooled Phi_q^T Phi_k)",
-                   "q(u) mean m_d = lambda_d e_d (then F = E + R)",
-                   "W_add (least squares onto the pretrained head outputs)",
-                   f"noise: q(u) covariance factor / {a:.3g}"]
-    return {"copied": ["W_q, W_k -> feature projection", "W_O", "b_O + W_O b_v"],
-            "fitted": fitted, "not_carried": ["W_v (KEP-SVGP has no values)"]
-            + _dropped(w, ("q", "k"))}
+    copy_output_projection(unit, w, fold_value_bias=False)

@@ -86,6 +86,16 @@ class SCGPTAttention(_CorrelatedAttention):
         self._inducing_ready = None  # re-read gp.inducing_initialized after any load
         return super()._load_from_state_dict(*args, **kwargs)
 
+    @torch.no_grad()
+    def init_inducing_from(self, x: torch.Tensor, mask: torch.Tensor | None) -> list[str]:
+        """Place the inducing inputs from the latent inputs and keys of ``x [B, N, C]`` (as the
+        first training batch would with ``inducing_init="data"``), now; returns the report
+        entry."""
+        _, k, _, x_o = self.project(x)
+        self.gp.init_inducing_(x_o, k, mask)
+        self._inducing_ready = True
+        return ["inducing inputs s_m, s_l (from the calibration batch)"]
+
     def _maybe_init_inducing(self, x_o, k, mask) -> None:
         if self.inducing_init != "data" or not self.training:
             return

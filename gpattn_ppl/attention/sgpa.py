@@ -13,6 +13,16 @@ from ..kernels import KERNELS, make_attention_kernel
 from ..linalg import gp_precision
 from ..variational.sgpa_strategy import DecoupledSGPAStrategy, SGPAStrategy
 from .base import AttentionUnit
+from .pretrained import (
+    SoftmaxWeights,
+    copy_output_projection,
+    dropped_biases,
+    fit_value_gain,
+    register_pretrained_init,
+    require_exponential_kernel,
+    search_query_scale,
+    shrink_noise,
+)
 from .registry import register_attention
 
 __all__ = ["SGPAttention"]
@@ -222,3 +232,42 @@ class SGPAttention(AttentionUnit):
             return A
         pair = (mask[:, None, :, None] & mask[:, None, None, :]).to(A.dtype)
         return A * pair
+
+
+# -- initialisation from a pretrained softmax layer (attention/pretrained.py) ------------------
+
+@register_pretrained_init(SGPAttention)
+def _sgpa(unit: SGPAttention, w: SoftmaxWeights, x, mask) -> dict:
+    C = unit.dim
+    require_exponential_kernel(unit)
+    # the symmetric kernel sees q.q: W_qk = c sqrt(s sqrt(D)) W_q (c = 1 keeps the logits' scale)
+    base = w.q_weight * math.sqrt(w.scale * math.sqrt(unit.head_dim))
+    copy_output_projection(unit, w, fold_value_bias=True)
+    fitted = []
+    if unit.variant == "decoupled" and unit.num_inducing > 0:
+        unit.strategy.inducing_weights.zero_()      # the mean is then linear in the values
+        fitted.append("inducing weights a_beta = 0")
+        if x is not None:
+            tokens = x[mask] if mask is not None else x.reshape(-1, C)
+            idx = torch.randperm(tokens.shape[0], device=x.device)
+            M = unit.num_inducing
+            idx = idx[:M] if idx.numel() >= M else idx[torch.arange(M, device=x.device) % idx.numel()]
+            Z = unit.strategy.inducing.inducing_inputs                  # [H, M, C]
+            Z.copy_(tokens[idx].unsqueeze(0).expand_as(Z))
+            fitted.append("inducing keys Z_beta (tokens of the calibration batch)")
+
+    def trial(c: float) -> None:
+        unit.proj.weight.copy_(torch.cat([base * c, w.v_weight]))
+        copy_output_projection(unit, w, fold_value_bias=True)
+        if x is not None:
+            fit_value_gain(unit, w, x, mask, slice(C, 2 * C))
+
+    if x is None:
+        trial(1.0)
+    else:
+        c = search_query_scale(unit, w, x, mask, trial)
+        a = shrink_noise(unit, w, x, mask, slice(C, 2 * C))
+        fitted += [f"W_qk scale c = {c:g} (searched)", "W_v (per-head gain)",
+                   f"noise: W_v x {a:.3g}, W_O / {a:.3g}"]
+    return {"copied": ["W_qk <- W_q", "W_v", "W_O", "b_O + W_O b_v"], "fitted": fitted,
+            "not_carried": ["W_k"] + dropped_biases(w, ("q", "k"))}

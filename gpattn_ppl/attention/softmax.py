@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..distributions import AttentionPredictive
 from .base import AttentionUnit
+from .pretrained import SoftmaxWeights, copy_qkv, register_pretrained_init
 from .registry import register_attention
 
 __all__ = ["SoftmaxAttention"]
@@ -68,3 +71,13 @@ class SoftmaxAttention(AttentionUnit):
         """The (deterministic) head outputs ``[B, H, N, D]`` as a zero-variance predictive."""
         mask = self._check(x, mask)
         return AttentionPredictive.point(self.attention_matrix(x, mask) @ self.project(x)[2])
+
+
+# -- initialisation from a pretrained softmax layer (attention/pretrained.py) ------------------
+
+@register_pretrained_init(SoftmaxAttention)
+def _softmax(unit: SoftmaxAttention, w: SoftmaxWeights, x, mask) -> dict:
+    # the unit scales by 1/sqrt(D): a non-standard scale s is folded into the queries
+    copy_qkv(unit, w, w.scale * math.sqrt(unit.head_dim))
+    return {"copied": ["W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_O", "b_O"], "fitted": [],
+            "not_carried": []}

@@ -250,8 +250,8 @@ class Normalize:
     Used as :class:`~gpattn_ppl.data.dataset.ArrayDataset` ``transform``; runs on the batch's
     device.
 
-    :param mean: ``[C]`` channel means in [0, 1] units.
-    :param std: ``[C]`` channel standard deviations in [0, 1] units.
+    :param mean: ``[channels]`` channel means in [0, 1] units.
+    :param std: ``[channels]`` channel standard deviations in [0, 1] units.
     """
 
     def __init__(self, mean: Sequence[float] = CIFAR10_MEAN,
@@ -264,7 +264,8 @@ class Normalize:
         return tuple(-m / s for m, s in zip(self.mean, self.std))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [B, C, H, W]`` uint8 (0..255) or float (0..1) -> float32 standardised."""
+        """``x [B, channels, height, width]`` uint8 (0..255) or float (0..1) -> float32
+        standardised."""
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
         mean = torch.tensor(self.mean, device=x.device).view(-1, 1, 1)
         std = torch.tensor(self.std, device=x.device).view(-1, 1, 1)
@@ -278,31 +279,32 @@ def augment(x: torch.Tensor, generator: torch.Generator | None = None, *, paddin
             fill: float | Sequence[float] = 0.0, flip: bool = True) -> torch.Tensor:
     """Random crop with zero padding plus random horizontal flip, per image, batched.
 
-    Equivalent to torchvision's ``RandomCrop(H, padding)`` + ``RandomHorizontalFlip()`` applied
+    Equivalent to torchvision's ``RandomCrop(height, padding)`` + ``RandomHorizontalFlip()`` applied
     to each image independently; one gather, no Python loop over the batch.
 
-    :param x: ``[B, C, H, W]`` images, any dtype, any device.
+    :param x: ``[B, channels, height, width]`` images, any dtype, any device.
     :param generator: source of the crop offsets and flips (on its own device; the draws are
         moved to ``x.device``).
-    :param padding: pixels added on every side before cropping back to ``H x W``.
+    :param padding: pixels added on every side before cropping back to ``height x width``.
     :param fill: value of the padded pixels, a scalar or one per channel (for images already
         normalised, :attr:`Normalize.black` reproduces black padding).
     :param flip: also flip each image left-right with probability 1/2.
-    :returns: ``[B, C, H, W]``, same dtype and device as ``x``.
+    :returns: ``[B, channels, height, width]``, same dtype and device as ``x``.
     """
-    B, C, H, W = x.shape
+    B, _, height, width = x.shape
     device = x.device
     gen_device = generator.device if generator is not None else torch.device("cpu")
     shifts = torch.randint(0, 2 * padding + 1, (2, B), generator=generator, device=gen_device)
     flips = torch.rand(B, generator=generator, device=gen_device) < 0.5
     shifts, flips = shifts.to(device) - padding, flips.to(device) & flip
-    rows = shifts[0, :, None] + torch.arange(H, device=device)  # [B, H] source rows
-    cols = shifts[1, :, None] + torch.arange(W, device=device)  # [B, W] source columns
+    rows = shifts[0, :, None] + torch.arange(height, device=device)  # [B, height] source rows
+    cols = shifts[1, :, None] + torch.arange(width, device=device)  # [B, width] source columns
     cols = torch.where(flips[:, None], cols.flip(-1), cols)
-    inside = ((rows >= 0) & (rows < H))[:, :, None] & ((cols >= 0) & (cols < W))[:, None, :]
+    inside = (((rows >= 0) & (rows < height))[:, :, None]
+              & ((cols >= 0) & (cols < width))[:, None, :])
     batch = torch.arange(B, device=device)[:, None, None]
-    out = x[batch, :, rows.clamp(0, H - 1)[:, :, None], cols.clamp(0, W - 1)[:, None, :]]
-    out = out.permute(0, 3, 1, 2)  # [B, H, W, C] -> [B, C, H, W]
+    out = x[batch, :, rows.clamp(0, height - 1)[:, :, None], cols.clamp(0, width - 1)[:, None, :]]
+    out = out.permute(0, 3, 1, 2)  # [B, height, width, channels] -> [B, channels, height, width]
     value = torch.as_tensor(fill, dtype=x.dtype, device=device)
     value = value.view(-1, 1, 1) if value.ndim else value
     return torch.where(inside[:, None], out, value).contiguous()

@@ -1,10 +1,11 @@
 """Common corruptions at CIFAR scale (CIFAR-10-C, Hendrycks & Dietterich 2019), regenerated.
 
 ``corrupt(images, name, severity, seed)`` applies one corruption at one severity (1-5) to
-``[n, 3, H, W]`` uint8 images and returns uint8 images of the same shape, deterministically under
-``seed``. The per-severity parameters are the CIFAR ones of the benchmark's CIFAR script (not
-its ImageNet ones); the implementations are ours, on numpy, scipy and Pillow, and batched over
-images. Where the original used OpenCV or ImageMagick we use the equivalent operation:
+``[n, 3, height, width]`` uint8 images and returns uint8 images of the same shape,
+deterministically under ``seed``. The per-severity parameters are the CIFAR ones of the
+benchmark's CIFAR script (not its ImageNet ones); the implementations are ours, on numpy,
+scipy and Pillow, and batched over images. Where the original used OpenCV or ImageMagick we
+use the equivalent operation:
 
 * ``defocus_blur``: the anti-aliased disk kernel (a disk blurred by a Gaussian of the alias
   sigma), correlated with edge reflection as OpenCV's ``filter2D`` does;
@@ -45,8 +46,8 @@ __all__ = ["CORRUPTIONS", "CORRUPTION_CATEGORIES", "EXTRA_CORRUPTIONS", "corrupt
 
 
 def _gaussian(x: np.ndarray, sigma: float) -> np.ndarray:
-    """Gaussian blur of ``[n, H, W, C]`` over H and W (edges repeated, as skimage's
-    ``gaussian``)."""
+    """Gaussian blur of ``[n, height, width, channels]`` over height and width (edges repeated,
+    as skimage's ``gaussian``)."""
     return ndimage.gaussian_filter(x, sigma=(0, sigma, sigma, 0), mode="nearest", truncate=4.0)
 
 
@@ -90,11 +91,11 @@ def _glass_blur(x, s, rng):
     sigma, delta, iterations = [(0.05, 1, 1), (0.25, 1, 1), (0.4, 1, 1), (0.25, 1, 2),
                                 (0.4, 1, 2)][s - 1]
     y = np.floor(np.clip(_gaussian(x, sigma), 0, 1) * 255) / 255      # the uint8 round trip
-    n, H, W, _ = y.shape
+    n, height, width, _ = y.shape
     rows = np.arange(n)
     for _ in range(iterations):
-        for h in range(H - delta, delta, -1):
-            for w in range(W - delta, delta, -1):
+        for h in range(height - delta, delta, -1):
+            for w in range(width - delta, delta, -1):
                 d = rng.integers(-delta, delta, size=(n, 2))
                 h2, w2 = h + d[:, 1], w + d[:, 0]
                 a, b = y[rows, h, w].copy(), y[rows, h2, w2].copy()
@@ -129,10 +130,11 @@ def _motion_kernel(radius: int, sigma: float, angle: float) -> list[tuple[float,
 
 
 def _shift(img: np.ndarray, dy: int, dx: int) -> np.ndarray:
-    """``img [H, W, C]`` shifted so that out[i, j] = img[i + dy, j + dx] (edges repeated)."""
-    H, W = img.shape[:2]
-    ii = np.clip(np.arange(H) + dy, 0, H - 1)
-    jj = np.clip(np.arange(W) + dx, 0, W - 1)
+    """``img [height, width, channels]`` shifted so that out[i, j] = img[i + dy, j + dx] (edges
+    repeated)."""
+    height, width = img.shape[:2]
+    ii = np.clip(np.arange(height) + dy, 0, height - 1)
+    jj = np.clip(np.arange(width) + dx, 0, width - 1)
     return img[ii][:, jj]
 
 
@@ -146,7 +148,8 @@ def _motion_blur(x, s, rng):
 
 
 def _clipped_zoom(img: np.ndarray, factor: float) -> np.ndarray:
-    """Zoom the centre of ``img [H, W, C]`` by ``factor`` (bilinear) back to ``H x W``."""
+    """Zoom the centre of ``img [height, width, channels]`` by ``factor`` (bilinear) back to
+    ``height x width``."""
     h = img.shape[0]
     ch = int(np.ceil(h / factor))
     top = (h - ch) // 2
@@ -195,12 +198,12 @@ def _plasma(rng, size: int = 32, decay: float = 3.0) -> np.ndarray:
 
 def _fog(x, s, rng):
     c, decay = [(0.2, 3), (0.5, 3), (0.75, 2.5), (1, 2), (1.5, 1.75)][s - 1]
-    H = x.shape[1]
-    size = max(256, 1 << (H - 1).bit_length())     # the benchmark crops a 256 x 256 map
+    side = x.shape[1]                               # square images
+    size = max(256, 1 << (side - 1).bit_length())     # the benchmark crops a 256 x 256 map
     out = np.empty_like(x)
     for i in range(len(x)):
         peak = x[i].max()
-        fogged = x[i] + c * _plasma(rng, size, decay)[:H, :H, None]
+        fogged = x[i] + c * _plasma(rng, size, decay)[:side, :side, None]
         out[i] = fogged * peak / (peak + c)
     return out
 
@@ -218,10 +221,10 @@ def _snow(x, s, rng):
         (0.1, 0.2, 1, 0.6, 8, 3, 0.95), (0.1, 0.2, 1, 0.5, 10, 4, 0.9),
         (0.15, 0.3, 1.75, 0.55, 10, 4, 0.9), (0.25, 0.3, 2.25, 0.6, 12, 6, 0.85),
         (0.3, 0.3, 1.25, 0.65, 14, 12, 0.8)][s - 1]
-    n, H = x.shape[:2]
+    n, side = x.shape[:2]
     out = np.empty_like(x)
     for i in range(n):
-        layer = _clipped_zoom(rng.normal(loc, scale, (H, H, 1)), zoom)
+        layer = _clipped_zoom(rng.normal(loc, scale, (side, side, 1)), zoom)
         layer[layer < thresh] = 0
         layer = np.floor(np.clip(layer, 0, 1) * 255) / 255          # the uint8 round trip
         flakes = np.zeros_like(layer)
@@ -258,29 +261,29 @@ def _frost(x, s, rng):
         small = Image.fromarray(im.astype(np.uint8)).resize(
             (round(w * 0.2), round(h * 0.2)), Image.Resampling.BILINEAR)
         photos.append(np.asarray(small, dtype=np.float64) / 255)
-    n, H = x.shape[:2]
+    n, side = x.shape[:2]
     out = np.empty_like(x)
     for i in range(n):
         f = photos[rng.integers(len(photos))]
-        top = rng.integers(0, f.shape[0] - H)
-        left = rng.integers(0, f.shape[1] - H)
-        out[i] = a * x[i] + b * f[top:top + H, left:left + H]
+        top = rng.integers(0, f.shape[0] - side)
+        left = rng.integers(0, f.shape[1] - side)
+        out[i] = a * x[i] + b * f[top:top + side, left:left + side]
     return out
 
 
 def _canny(img: np.ndarray, low: float, high: float) -> np.ndarray:
-    """Canny edges of ``img [H, W]`` uint8 as OpenCV computes them by default: 3 x 3 Sobel
-    gradients (edges repeated), L1 magnitude ``|g_x| + |g_y|``, non-maximum suppression along
+    """Canny edges of ``img [height, width]`` uint8 as OpenCV computes them by default: 3 x 3
+    Sobel gradients (edges repeated), L1 magnitude ``|g_x| + |g_y|``, non-maximum suppression along
     the gradient direction quantised to 0/45/90/135 degrees, then hysteresis: pixels above
-    ``low`` kept when 8-connected to one above ``high``. Returns ``[H, W]`` bool."""
+    ``low`` kept when 8-connected to one above ``high``. Returns ``[height, width]`` bool."""
     f = img.astype(np.float64)
     gx = ndimage.sobel(f, axis=1, mode="nearest")
     gy = ndimage.sobel(f, axis=0, mode="nearest")
     mag = np.abs(gx) + np.abs(gy)
     pad = np.pad(mag, 1)                                   # outside the image: magnitude 0
-    H, W = mag.shape
+    height, width = mag.shape
     def nb(dy, dx):
-        return pad[1 + dy:1 + dy + H, 1 + dx:1 + dx + W]
+        return pad[1 + dy:1 + dy + height, 1 + dx:1 + dx + width]
     ax, ay = np.abs(gx), np.abs(gy)
     tan22, tan67 = math.tan(math.radians(22.5)), math.tan(math.radians(67.5))
     horizontal = ay <= ax * tan22                          # gradient along x: compare left/right
@@ -324,19 +327,19 @@ def _spatter(x, s, rng):
         (0.62, 0.1, 0.7, 0.7, 0.5, 0), (0.65, 0.1, 0.8, 0.7, 0.5, 0),
         (0.65, 0.3, 1, 0.69, 0.5, 0), (0.65, 0.1, 0.7, 0.69, 0.6, 1),
         (0.65, 0.1, 0.5, 0.68, 0.6, 1)][s - 1]
-    n, H, W, _ = x.shape
+    n, height, width, _ = x.shape
     emboss = np.array([[-2, -1, 0], [-1, 1, 1], [0, 1, 2]], dtype=np.float64)
     water = np.array([175, 238, 238]) / 255.0
     brown = np.array([63, 42, 20]) / 255.0
     out = np.empty_like(x)
     for i in range(n):
-        liquid = ndimage.gaussian_filter(rng.normal(loc, scale, (H, W)), sigma, mode="nearest",
-                                         truncate=4.0)
+        liquid = ndimage.gaussian_filter(rng.normal(loc, scale, (height, width)), sigma,
+                                         mode="nearest", truncate=4.0)
         liquid[liquid < thresh] = 0
         if not mud:
             level = (liquid * 255).astype(np.uint8)
             edges = _canny(level, 50, 150)
-            dist = (np.full((H, W), 20.0) if not edges.any()
+            dist = (np.full((height, width), 20.0) if not edges.any()
                     else np.minimum(ndimage.distance_transform_edt(~edges), 20))
             dist = ndimage.uniform_filter(dist, 3, mode="mirror").astype(np.uint8)
             dist = _equalize_hist(dist)
@@ -404,22 +407,23 @@ def _jpeg_compression(x, s, rng):
 
 def _pixelate(x, s, rng):
     c = [0.95, 0.9, 0.85, 0.75, 0.65][s - 1]
-    H, W = x.shape[1:3]
-    return _per_image_pil(x, lambda im: im.resize((int(W * c), int(H * c)), Image.Resampling.BOX)
-                          .resize((W, H), Image.Resampling.BOX))
+    height, width = x.shape[1:3]
+    return _per_image_pil(x, lambda im: im.resize((int(width * c), int(height * c)),
+                                                  Image.Resampling.BOX)
+                          .resize((width, height), Image.Resampling.BOX))
 
 
 def _elastic_transform(x, s, rng):
     """A random affine map of three points (scale ``affine``), then a displacement field of
     uniform noise smoothed by a Gaussian (``sigma``) and scaled by ``alpha`` (pixels)."""
-    H = x.shape[1]
+    side = x.shape[1]
     alpha, sigma, affine = [(0, 0, 0.08), (0.05, 0.2, 0.07), (0.08, 0.06, 0.06),
                             (0.1, 0.04, 0.05), (0.1, 0.03, 0.03)][s - 1]
-    alpha, sigma, affine = alpha * H, sigma * H, affine * H
-    centre, half = np.float64(H // 2), H // 3
+    alpha, sigma, affine = alpha * side, sigma * side, affine * side
+    centre, half = np.float64(side // 2), side // 3
     src = np.array([[centre + half, centre + half], [centre + half, centre - half],
                     [centre - half, centre - half]])
-    yy, xx = np.meshgrid(np.arange(H), np.arange(H), indexing="ij")
+    yy, xx = np.meshgrid(np.arange(side), np.arange(side), indexing="ij")
     out = np.empty_like(x)
     for i in range(len(x)):
         dst = src + rng.uniform(-affine, affine, size=src.shape)
@@ -433,10 +437,12 @@ def _elastic_transform(x, s, rng):
             cy = A[1, 0] * xx + A[1, 1] * yy + A[1, 2]
             img[..., ch] = ndimage.map_coordinates(x[i, ..., ch], [cy, cx], order=1,
                                                    mode="mirror")
-        dx = ndimage.gaussian_filter(rng.uniform(-1, 1, (H, H)), sigma, mode="reflect") * alpha \
-            if sigma > 0 else np.zeros((H, H))
-        dy = ndimage.gaussian_filter(rng.uniform(-1, 1, (H, H)), sigma, mode="reflect") * alpha \
-            if sigma > 0 else np.zeros((H, H))
+        dx = ndimage.gaussian_filter(rng.uniform(-1, 1, (side, side)), sigma,
+                                     mode="reflect") * alpha \
+            if sigma > 0 else np.zeros((side, side))
+        dy = ndimage.gaussian_filter(rng.uniform(-1, 1, (side, side)), sigma,
+                                     mode="reflect") * alpha \
+            if sigma > 0 else np.zeros((side, side))
         for ch in range(x.shape[3]):
             out[i, ..., ch] = ndimage.map_coordinates(img[..., ch], [yy + dy, xx + dx], order=1,
                                                       mode="reflect")
@@ -453,26 +459,29 @@ CORRUPTION_CATEGORIES: dict[str, tuple[str, ...]] = {
 #: the benchmark's 4 extra (held-out) corruptions
 EXTRA_CORRUPTIONS = ("speckle_noise", "gaussian_blur", "spatter", "saturate")
 
-#: name -> ``fn(x [n, H, W, 3] float in [0, 1], severity, rng) -> same shape`` (unclipped)
+#: name -> ``fn(x [n, height, width, 3] float in [0, 1], severity, rng) -> same shape``
+#: (unclipped)
 CORRUPTIONS = {name: globals()[f"_{name}"] for name in
                [n for names in CORRUPTION_CATEGORIES.values() for n in names]
                + list(EXTRA_CORRUPTIONS)}
 
 
 def corrupt(images: torch.Tensor, name: str, severity: int, seed: int = 0) -> torch.Tensor:
-    """``images [n, 3, H, W]`` uint8 with corruption ``name`` at ``severity`` (1-5), uint8.
+    """``images [n, 3, height, width]`` uint8 with corruption ``name`` at ``severity`` (1-5),
+    uint8.
 
     Deterministic under ``seed`` (the random stream is seeded by ``seed``, the corruption and
     the severity).
 
-    :raises ValueError: an unknown name, a severity outside 1-5, or not ``[n, 3, H, W]`` uint8.
+    :raises ValueError: an unknown name, a severity outside 1-5, or not
+        ``[n, 3, height, width]`` uint8.
     """
     if name not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {name!r}; allowed: {', '.join(sorted(CORRUPTIONS))}")
     if isinstance(severity, bool) or severity not in (1, 2, 3, 4, 5):
         raise ValueError(f"severity must be 1, 2, 3, 4 or 5, got {severity!r}")
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
-        raise ValueError(f"expected images [n, 3, H, W] uint8, got {images.dtype} "
+        raise ValueError(f"expected images [n, 3, height, width] uint8, got {images.dtype} "
                          f"{tuple(images.shape)}")
     rng = np.random.default_rng([int(seed), zlib.crc32(name.encode()), int(severity)])
     x = images.permute(0, 2, 3, 1).numpy().astype(np.float64) / 255.0

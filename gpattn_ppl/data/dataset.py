@@ -19,7 +19,7 @@ class ArrayDataset:
     """A labelled dataset held as tensors.
 
     :param x: ``[n, N_max]`` long token ids (0 = padding), ``[n, N_max, F]`` float token features,
-        or ``[n, 3, H, W]`` images (uint8 or float).
+        or ``[n, 3, height, width]`` images (uint8 or float).
     :param y: ``[n]`` integer labels.
     :param lengths: ``[n]`` number of real tokens per sequence (text only); ``None`` for images.
     :param name: used in error messages and result tables.
@@ -52,10 +52,6 @@ class ArrayDataset:
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
-
-    @property
-    def is_text(self) -> bool:
-        return self.lengths is not None
 
     def batch(self, index: torch.Tensor, *, train: bool = False,
               generator: torch.Generator | None = None) -> Batch:

@@ -6,7 +6,9 @@ queries :math:`q = XW_q`, keys :math:`k = XW_k`, latent inputs :math:`x_o = XW_o
 :math:`K_q = \sigma_q^2\kappa_o(q, q)`, :math:`K_k = \sigma_k^2\kappa_o(k, k)`,
 :math:`K_o = \kappa_o(x_o, x_o)`, :math:`K_{qo} = \sigma_q\kappa_o(q, x_o)`,
 :math:`K_{ok} = \sigma_k\kappa_o(x_o, k)`; :math:`P_o = (K_o + \sigma^2 I)^{-1}`,
-:math:`P_k = (K_k + \sigma^2 I)^{-1}`. The derivations are in ``docs/derivations/cgpt.rst``.
+:math:`P_k = (K_k + \sigma^2 I)^{-1}`. Inverse Cholesky factors :math:`L^{-1}` are named
+``Linv_*`` in the code (``W_*`` are projections only). The derivations are in
+``docs/derivations/cgpt.rst``.
 """
 
 from __future__ import annotations
@@ -76,9 +78,9 @@ class KernelTerms:
         log_scale = torch.cat([ls.reshape(-1, 1, 1).expand(h, n, 1) for ls in scales],
                               -2)                                           # [H | 1, P n, 1]
         rows = None if self.real is None else self.real.repeat(1, 1, len(parts))
-        K = self.kernel.gram(a, b, log_scale=log_scale, rows=rows,
-                             cols=self.real if tokens_b else None)
-        return K.split(n, dim=-2)
+        K_stacked = self.kernel.gram(a, b, log_scale=log_scale, rows=rows,
+                                     cols=self.real if tokens_b else None)
+        return K_stacked.split(n, dim=-2)
 
 
 class CGPTerms(KernelTerms):
@@ -151,7 +153,8 @@ class CGPTerms(KernelTerms):
     # -- factors ------------------------------------------------------------------------------
     @cached_property
     def factors_o(self):
-        r""":math:`(L_o, W_o = L_o^{-1})`, :math:`L_oL_o^\top = K_o + \sigma^2 I`."""
+        r"""``(L_o, Linv_o)``: :math:`L_o` and its inverse :math:`L_o^{-1}`,
+        :math:`L_oL_o^\top = K_o + \sigma^2 I`."""
         return self._factors(self.K_o + self.noise_eye, "K_o + s2 I", pad=False)
 
     @cached_property
@@ -168,12 +171,14 @@ class CGPTerms(KernelTerms):
         return self._chol(self.K_o + self.noise_eye, "K_o + s2 I", pad=False)
 
     @cached_property
-    def W_o(self):
+    def Linv_o(self):
+        r""":math:`L_o^{-1}`, the inverse Cholesky factor of :math:`K_o + \sigma^2 I`."""
         return self.factors_o[1]
 
     @cached_property
     def factors_k(self):
-        r""":math:`(L_k, W_k = L_k^{-1})`, :math:`L_kL_k^\top = K_k + \sigma^2 I`."""
+        r"""``(L_k, Linv_k)``: :math:`L_k` and its inverse :math:`L_k^{-1}`,
+        :math:`L_kL_k^\top = K_k + \sigma^2 I`."""
         return self._factors(self.K_k + self.noise_eye, "K_k + s2 I", pad=False)
 
     @cached_property
@@ -181,24 +186,25 @@ class CGPTerms(KernelTerms):
         return self.factors_k[0]
 
     @cached_property
-    def W_k(self):
+    def Linv_k(self):
+        r""":math:`L_k^{-1}`, the inverse Cholesky factor of :math:`K_k + \sigma^2 I`."""
         return self.factors_k[1]
 
     @cached_property
     def R_q(self):
-        return self.W_o @ self.K_qo.mT
+        return self.Linv_o @ self.K_qo.mT
 
     @cached_property
     def F_q(self):
-        return self.W_o.mT @ self.R_q
+        return self.Linv_o.mT @ self.R_q
 
     @cached_property
     def R_k(self):
-        return self.W_o @ self.K_ok
+        return self.Linv_o @ self.K_ok
 
     @cached_property
     def F_k(self):
-        return self.W_o.mT @ self.R_k
+        return self.Linv_o.mT @ self.R_k
 
     # -- products shared by the covariances -------------------------------------------------------
     @cached_property
@@ -221,7 +227,7 @@ class CGPTerms(KernelTerms):
     @cached_property
     def J(self):
         """:math:`J = L_k^{-1}K_{ko}` (whitened key-to-latent cross-covariance)."""
-        return self.W_k @ self.K_ok.mT
+        return self.Linv_k @ self.K_ok.mT
 
     # -- covariances (symmetric up to rounding: every consumer reads one triangle or a trace) ----
     @cached_property
@@ -245,12 +251,6 @@ class CGPTerms(KernelTerms):
     def X_k(self):
         r""":math:`X_k = F_k^\top K_oF_k = R_k^\top R_k - \sigma^2F_k^\top F_k`."""
         return self.RR_k - self.noise_var * self.FF_k
-
-    @cached_property
-    def sigma_o(self):
-        r""":math:`\Sigma_o = \mathrm{Cov}[z_o\mid z_k] = K_o - K_{ok}P_kK_{ko} = K_o - J^\top J`
-        (eq. 52 with its index typo fixed)."""
-        return self.K_o - self.J.mT @ self.J
 
     @cached_property
     def marginal_q(self):
@@ -335,7 +335,7 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         if "F_q" in vars(t):  # the covariance path has P_o K_oq already: no further solve
             return t.F_q.mT @ (t.K_ok @ v)
         if "factors_o" in vars(t):
-            return t.K_qo @ (t.W_o.mT @ (t.W_o @ (t.K_ok @ v)))
+            return t.K_qo @ (t.Linv_o.mT @ (t.Linv_o @ (t.K_ok @ v)))
         return t.K_qo @ linalg.cholesky_solve(t.K_ok @ v, t.L_o)
 
     def attention_matrix(self, t: CGPTerms) -> torch.Tensor:
@@ -405,21 +405,23 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
             bound = 0.0
             for target, S, name in ((nu, t.marginal_q, "Sigma_q + X_q"),
                                     (z, t.marginal_k, "Sigma_k + X_k")):
-                _, W = factors(S, name)
-                quad = (W @ target).square().sum((-1, -2))
-                bound = bound - 0.5 * (quad + D * _logdet(W, t.mask) + const)
+                _, Linv = factors(S, name)
+                quad = (Linv @ target).square().sum((-1, -2))
+                bound = bound - 0.5 * (quad + D * _logdet(Linv, t.mask) + const)
             return bound.sum(-1)
-        W_q, W_k = factors(t.sigma_q, "Sigma_q")[1], factors(t.sigma_k, "Sigma_k")[1]
+        Linv_q, Linv_k = factors(t.sigma_q, "Sigma_q")[1], factors(t.sigma_k, "Sigma_k")[1]
         if kind == "jensen":
             bound = 0.0
-            # tr(S_q^-1 X_q) = <W X_q, W>; on the key side, with Y = W R_k^T and
-            # F_k^T = R_k^T W_o: tr(S_k^-1 X_k) = ||Y||^2 - s2 ||Y W_o||^2 (F_k is never formed)
-            Y = W_k @ t.R_k.mT
-            traces = (((W_q @ t.X_q) * W_q).sum((-1, -2)),
-                      Y.square().sum((-1, -2)) - t.noise_var * (Y @ t.W_o).square().sum((-1, -2)))
-            for target, W, tr in ((nu, W_q, traces[0]), (z, W_k, traces[1])):
-                quad = (W @ target).square().sum((-1, -2))
-                bound = bound - 0.5 * (quad + D * tr + D * _logdet(W, t.mask) + const)
+            # tr(S_q^-1 X_q) = <Linv_q X_q, Linv_q>; on the key side, with Y = Linv_k R_k^T and
+            # F_k^T = R_k^T Linv_o: tr(S_k^-1 X_k) = ||Y||^2 - s2 ||Y Linv_o||^2 (F_k is never
+            # formed)
+            Y = Linv_k @ t.R_k.mT
+            traces = (((Linv_q @ t.X_q) * Linv_q).sum((-1, -2)),
+                      Y.square().sum((-1, -2))
+                      - t.noise_var * (Y @ t.Linv_o).square().sum((-1, -2)))
+            for target, Linv, tr in ((nu, Linv_q, traces[0]), (z, Linv_k, traces[1])):
+                quad = (Linv @ target).square().sum((-1, -2))
+                bound = bound - 0.5 * (quad + D * tr + D * _logdet(Linv, t.mask) + const)
             return bound.sum(-1)
         # "mc": the paper's estimator, z_o ~ N(0, K_o)
         L_0 = t._chol(t.K_o, "K_o", posterior=True)
@@ -427,19 +429,19 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
                           device=t.device)
         z_o = L_0 @ eps  # [S, B, H, N, 1]
         bound = 0.0
-        for target, W, F in ((nu, W_q, t.F_q), (z, W_k, t.F_k)):
+        for target, Linv, F in ((nu, Linv_q, t.F_q), (z, Linv_k, t.F_k)):
             r = target - F.mT @ z_o
-            quad = (W @ r).square().sum((-1, -2)).mean(0)
-            bound = bound - 0.5 * (quad + D * _logdet(W, t.mask) + const)
+            quad = (Linv @ r).square().sum((-1, -2)).mean(0)
+            bound = bound - 0.5 * (quad + D * _logdet(Linv, t.mask) + const)
         return bound.sum(-1)
 
 
-def _logdet(W: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    r""":math:`\log|LL^\top| = -2\sum_i\log W_{ii}` from the inverse factor :math:`W = L^{-1}`
-    (its diagonal is :math:`1/L_{ii}`, so no gradient reaches :math:`L`), over the real tokens
-    only (a padded diagonal entry is 1 plus jitter; leaving it out makes the value exactly that
-    of the unpadded sequence)."""
-    logs = -W.diagonal(dim1=-2, dim2=-1).log()
+def _logdet(Linv: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    r""":math:`\log|LL^\top| = -2\sum_i\log(L^{-1})_{ii}` from the inverse factor ``Linv``
+    :math:`= L^{-1}` (its diagonal is :math:`1/L_{ii}`, so no gradient reaches :math:`L`), over
+    the real tokens only (a padded diagonal entry is 1 plus jitter; leaving it out makes the
+    value exactly that of the unpadded sequence)."""
+    logs = -Linv.diagonal(dim1=-2, dim2=-1).log()
     if mask is not None:
         logs = logs * mask[:, None, :].to(logs.dtype)
     return 2.0 * logs.sum(-1)

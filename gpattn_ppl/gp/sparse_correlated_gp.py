@@ -7,7 +7,9 @@ two learned inducing sets in the canonical input space, :math:`s_m\in\mathbb R^{
 :math:`K_{qm} = \sigma_q\kappa_o(q, s_m)`, :math:`K_{ll} = \kappa_o(s_l, s_l)`,
 :math:`K_{ol} = \kappa_o(x_o, s_l)`, :math:`K_{kl} = \sigma_k\kappa_o(k, s_l)`; σ is the DTC noise.
 No :math:`N\times N` matrix is formed except :math:`K_o` in the exact regulariser (``k_o="exact"``).
-The derivations are in ``docs/derivations/scgpt.rst``.
+The set sizes :math:`m, l` are the glossary's M (``num_inducing``, ``num_inducing_keys``);
+inverse Cholesky factors :math:`L^{-1}` are named ``Linv_*``. The derivations are in
+``docs/derivations/scgpt.rst``.
 """
 
 from __future__ import annotations
@@ -78,12 +80,13 @@ class SCGPTerms(KernelTerms):
                                torch.cat([self.s_m, self.s_l], -2), tokens_b=False)
 
     @property
-    def m(self) -> int:
+    def num_inducing(self) -> int:
+        """M, the size of the query-side inducing set :math:`s_m` (its :math:`m`)."""
         return self.s_m.shape[-2]
 
     @cached_property
     def K_qm(self):
-        return self._tokens_by_inducing[0][..., :self.m]
+        return self._tokens_by_inducing[0][..., :self.num_inducing]
 
     @cached_property
     def K_o_ml(self):
@@ -92,15 +95,15 @@ class SCGPTerms(KernelTerms):
 
     @cached_property
     def K_om(self):
-        return self.K_o_ml[..., :self.m]
+        return self.K_o_ml[..., :self.num_inducing]
 
     @cached_property
     def K_ol(self):
-        return self.K_o_ml[..., self.m:]
+        return self.K_o_ml[..., self.num_inducing:]
 
     @cached_property
     def K_kl(self):
-        return self._tokens_by_inducing[2][..., self.m:]
+        return self._tokens_by_inducing[2][..., self.num_inducing:]
 
     @cached_property
     def _inducing_gram(self):
@@ -110,11 +113,11 @@ class SCGPTerms(KernelTerms):
 
     @cached_property
     def K_mm(self):
-        return self._inducing_gram[..., :self.m, :self.m]
+        return self._inducing_gram[..., :self.num_inducing, :self.num_inducing]
 
     @cached_property
     def K_ll(self):
-        return self._inducing_gram[..., self.m:, self.m:]
+        return self._inducing_gram[..., self.num_inducing:, self.num_inducing:]
 
     @cached_property
     def K_o(self):
@@ -132,39 +135,41 @@ class SCGPTerms(KernelTerms):
     @cached_property
     def P_m(self):
         """:math:`K_{mo}K_{om}`, ``[B, H, m, m]``."""
-        return self._latent_products[..., :self.m, :self.m]
+        return self._latent_products[..., :self.num_inducing, :self.num_inducing]
 
     @cached_property
     def C_ml(self):
         """:math:`K_{mo}K_{ol}`, ``[B, H, m, l]``."""
-        return self._latent_products[..., :self.m, self.m:]
+        return self._latent_products[..., :self.num_inducing, self.num_inducing:]
 
     @cached_property
     def P_lo(self):
         """:math:`K_{lo}K_{ol}`, ``[B, H, l, l]``."""
-        return self._latent_products[..., self.m:, self.m:]
+        return self._latent_products[..., self.num_inducing:, self.num_inducing:]
 
     @cached_property
     def _factors_ml(self):
-        r"""``(L_m, W_m), (L_l, W_l)`` of :math:`\tilde B_m`, :math:`\tilde B_l`; one stacked
+        r"""``(L_m, Linv_m), (L_l, Linv_l)`` of :math:`\tilde B_m`, :math:`\tilde B_l`; one stacked
         factorisation when m = l (batch index 0 is :math:`\tilde B_m`, 1 is :math:`\tilde B_l`)."""
         B_m = self.noise_var * self.K_mm + self.P_m
         B_l = self.noise_var * self.K_ll + self.K_kl.mT @ self.K_kl
         if B_m.shape != B_l.shape:
             return self._factors(B_m, "B_m"), self._factors(B_l, "B_l")
-        L, W = linalg.cholesky_factors(torch.stack([B_m, B_l]),
-                                       where=f"{self.where} B_m (0) / B_l (1)", head_axis=2,
-                                       jitter=self.model_jitter)
-        return (L[0], W[0]), (L[1], W[1])
+        L, Linv = linalg.cholesky_factors(torch.stack([B_m, B_l]),
+                                          where=f"{self.where} B_m (0) / B_l (1)", head_axis=2,
+                                          jitter=self.model_jitter)
+        return (L[0], Linv[0]), (L[1], Linv[1])
 
     @property
     def factors_m(self):
-        r""":math:`(L_m, W_m = L_m^{-1})`, :math:`L_mL_m^\top = \tilde B_m`."""
+        r"""``(L_m, Linv_m)``: :math:`L_m` and :math:`L_m^{-1}`,
+        :math:`L_mL_m^\top = \tilde B_m`."""
         return self._factors_ml[0]
 
     @property
     def factors_l(self):
-        r""":math:`(L_l, W_l = L_l^{-1})`, :math:`L_lL_l^\top = \tilde B_l`."""
+        r"""``(L_l, Linv_l)``: :math:`L_l` and :math:`L_l^{-1}`,
+        :math:`L_lL_l^\top = \tilde B_l`."""
         return self._factors_ml[1]
 
     @property
@@ -172,7 +177,8 @@ class SCGPTerms(KernelTerms):
         return self.factors_m[0]
 
     @property
-    def W_m(self):
+    def Linv_m(self):
+        r""":math:`L_m^{-1}`, the inverse Cholesky factor of :math:`\tilde B_m`."""
         return self.factors_m[1]
 
     @property
@@ -180,7 +186,8 @@ class SCGPTerms(KernelTerms):
         return self.factors_l[0]
 
     @property
-    def W_l(self):
+    def Linv_l(self):
+        r""":math:`L_l^{-1}`, the inverse Cholesky factor of :math:`\tilde B_l`."""
         return self.factors_l[1]
 
     @cached_property
@@ -195,8 +202,8 @@ class SCGPTerms(KernelTerms):
         or :math:`K_o` itself (``"exact"``), for ``U = K_{om}`` or ``K_{ol}``."""
         if self.k_o == "exact":
             return U.mT @ (self.K_o @ U)
-        W_ll = self._factors(self.K_ll, "K_ll")[1]
-        Y = W_ll @ (self.K_ol.mT @ U)                                  # L_ll^-1 K_lo U  [l, r]
+        Linv_ll = self._factors(self.K_ll, "K_ll")[1]
+        Y = Linv_ll @ (self.K_ol.mT @ U)                                  # L_ll^-1 K_lo U  [l, r]
         return Y.mT @ Y
 
 
@@ -217,11 +224,11 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
     :math:`\nu\nu^\top`) is isotropic plus rank m,
 
     .. math::
-        \Sigma_\text{post} = \sigma^2 I + \sigma^2 A_{qm} M A_{qm}^\top, \qquad
+        \Sigma_\text{post} = \sigma^2 I + \sigma^2 A_{qm} Q A_{qm}^\top, \qquad
         A_{qm} = K_{qm}\tilde B_m^{-1}, \qquad
-        M = \sigma^2K_{mm} + 2K_{mo}K_{om} + K_{mo}K_{ol}\tilde B_l^{-1}K_{lo}K_{om},
+        Q = \sigma^2K_{mm} + 2K_{mo}K_{om} + K_{mo}K_{ol}\tilde B_l^{-1}K_{lo}K_{om},
 
-    sampled as :math:`\nu + \sigma E_1 + \sigma A_{qm}\,\mathrm{chol}(M)\,E_2` without any
+    sampled as :math:`\nu + \sigma E_1 + \sigma A_{qm}\,\mathrm{chol}(Q)\,E_2` without any
     :math:`N\times N` matrix. The regulariser is :meth:`lower_bound`.
 
     :param heads: H. :param head_dim: D (dimension of the canonical input space).
@@ -247,16 +254,17 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
             raise ValueError(f"noise must be > 0 (the DTC noise sigma), got {noise}")
         if k_o not in ("exact", "nystrom"):
             raise ValueError(f"k_o must be 'exact' or 'nystrom', got {k_o!r}")
-        m = int(num_inducing)
-        l = int(num_inducing_keys) if num_inducing_keys is not None else m
-        if m < 1 or l < 1:
-            raise ValueError(f"inducing set sizes must be >= 1, got m={m}, l={l}")
+        M = int(num_inducing)
+        M_keys = int(num_inducing_keys) if num_inducing_keys is not None else M
+        if M < 1 or M_keys < 1:
+            raise ValueError(f"inducing set sizes must be >= 1, got num_inducing={M}, "
+                             f"num_inducing_keys={M_keys}")
         self.heads, self.head_dim, self.noise, self.k_o = int(heads), int(head_dim), float(noise), k_o
         self.kernel = CanonicalSEKernel()
         # spread of projected tokens at the default projection init (E||x - x'||^2 = TARGET_SQ_DIST)
         std = math.sqrt(TARGET_SQ_DIST / (2.0 * head_dim))
-        self.inducing_m = nn.Parameter(std * torch.randn(heads, m, head_dim))
-        self.inducing_l = nn.Parameter(std * torch.randn(heads, l, head_dim))
+        self.inducing_m = nn.Parameter(std * torch.randn(heads, M, head_dim))
+        self.inducing_l = nn.Parameter(std * torch.randn(heads, M_keys, head_dim))
         #: whether the inducing inputs were set from data (:meth:`init_inducing_`)
         self.register_buffer("inducing_initialized", torch.tensor(False))
         self._init_scales(self.heads, per_head_scales)
@@ -296,25 +304,25 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
     def mean(self, t: SCGPTerms, v: torch.Tensor) -> torch.Tensor:
         r"""Posterior mean (eq. 33 with Z = V), right to left, ``[B, H, N, D]``."""
         v = v.to(t.dtype)
-        a = t.W_l.mT @ (t.W_l @ (t.K_kl.mT @ v))                    # B~_l^-1 K_lk V   [l, D]
-        b = t.W_m.mT @ (t.W_m @ (t.K_om.mT @ (t.K_ol @ a)))          # B~_m^-1 K_mo K_ol a
+        a = t.Linv_l.mT @ (t.Linv_l @ (t.K_kl.mT @ v))              # B~_l^-1 K_lk V   [l, D]
+        b = t.Linv_m.mT @ (t.Linv_m @ (t.K_om.mT @ (t.K_ol @ a)))    # B~_m^-1 K_mo K_ol a
         return t.K_qm @ b
 
     def attention_matrix(self, t: SCGPTerms) -> torch.Tensor:
         r"""The attention matrix of eq. 35, :math:`\mathcal K = K_{qm}\tilde B_m^{-1}K_{mo}
         K_{ol}\tilde B_l^{-1}K_{lk}`, ``[B, H, N, N]`` -- formed for analysis only (O(N²))."""
-        right = t.W_l.mT @ (t.W_l @ t.K_kl.mT)                         # B~_l^-1 K_lk  [l, N]
-        left = t.W_m.mT @ (t.W_m @ t.C_ml)                              # B~_m^-1 K_mo K_ol
+        right = t.Linv_l.mT @ (t.Linv_l @ t.K_kl.mT)                   # B~_l^-1 K_lk  [l, N]
+        left = t.Linv_m.mT @ (t.Linv_m @ t.C_ml)                        # B~_m^-1 K_mo K_ol
         return t.K_qm @ (left @ right)
 
     def cov_root(self, t: SCGPTerms) -> torch.Tensor:
         r"""R with :math:`\Sigma_\text{post} = \sigma^2 I + RR^\top`, ``[B, H, N, m]``:
-        :math:`R = \sigma\,K_{qm}\tilde B_m^{-1}\,\mathrm{chol}(M)`."""
-        A_qm = (t.K_qm @ t.W_m.mT) @ t.W_m                           # K_qm B~_m^-1  [N, m]
-        J_lm = t.W_l @ t.C_ml.mT                                       # L_l^-1 K_lo K_om [l, m]
-        M = t.noise_var * t.K_mm + 2.0 * t.P_m + J_lm.mT @ J_lm
-        L_M = t._chol(M, "M")
-        return math.sqrt(t.noise_var) * (A_qm @ L_M)
+        :math:`R = \sigma\,K_{qm}\tilde B_m^{-1}\,\mathrm{chol}(Q)`."""
+        A_qm = (t.K_qm @ t.Linv_m.mT) @ t.Linv_m                     # K_qm B~_m^-1  [N, m]
+        J_lm = t.Linv_l @ t.C_ml.mT                                    # L_l^-1 K_lo K_om [l, m]
+        Q = t.noise_var * t.K_mm + 2.0 * t.P_m + J_lm.mT @ J_lm
+        L_Q = t._chol(Q, "Q")
+        return math.sqrt(t.noise_var) * (A_qm @ L_Q)
 
     def predictive(self, t: SCGPTerms, v: torch.Tensor, mean: torch.Tensor | None = None
                    ) -> TokenNormal:
@@ -349,16 +357,17 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
         if t.row is not None:
             v = v * t.row
         D, s2 = nu.shape[-1], t.noise_var
-        # per side, with W the inverse factor of B~ (W B~ W^T = I), G = W K_{mq} and
-        # S = K_{mo} K_o K_{om}: tr(B~^-1 S B~^-1 P) = <W S W^T, G G^T>, tr(B~^-1 P) = ||G||^2
+        # per side, with Linv the inverse factor of B~ (Linv B~ Linv^T = I), G = Linv K_{mq} and
+        # S = K_{mo} K_o K_{om}: tr(B~^-1 S B~^-1 P) = <Linv S Linv^T, G G^T>,
+        # tr(B~^-1 P) = ||G||^2
         traces = []
-        m = t.m
-        W_lo = t._factors(s2 * t.K_ll + t.P_lo, "B'_l")[1]
-        for W, K_tok, S in ((t.W_m, t.K_qm, t.S_ml[..., :m, :m]),        # query side, set m
-                            (W_lo, t.K_kl, t.S_ml[..., m:, m:])):        # key side, set l
-            G = W @ K_tok.mT                                              # [r, N]
-            WSW = W @ S @ W.mT                                            # [r, r]
-            traces.append((WSW * (G @ G.mT)).sum((-1, -2)) + s2 * G.square().sum((-1, -2)))
+        M = t.num_inducing
+        Linv_lo = t._factors(s2 * t.K_ll + t.P_lo, "B'_l")[1]
+        for Linv, K_tok, S in ((t.Linv_m, t.K_qm, t.S_ml[..., :M, :M]),  # query side, set m
+                               (Linv_lo, t.K_kl, t.S_ml[..., M:, M:])):  # key side, set l
+            G = Linv @ K_tok.mT                                           # [r, N]
+            S_white = Linv @ S @ Linv.mT                                  # [r, r]
+            traces.append((S_white * (G @ G.mT)).sum((-1, -2)) + s2 * G.square().sum((-1, -2)))
         tr_q, tr_k = traces
         sq = nu.square().sum((-1, -2)) + v.square().sum((-1, -2))
         bound = -(sq + D * (tr_q + tr_k)) / (2 * s2) - D * t.n_b * math.log(2 * math.pi * s2)

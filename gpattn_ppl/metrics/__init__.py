@@ -14,6 +14,8 @@ NaN/inf, rows not summing to 1 within 1e-3, empty arrays, labels out of range) r
 * :mod:`.failure` -- failure-prediction AUROC, AUPR-Success/Error, FPR95;
 * :mod:`.ood_detection` -- OOD AUROC, AUPR-In/Out, FPR95 (ID = positive);
 * :mod:`.uncertainty` -- predictive entropy, mutual information, predictive variance/std;
+* :mod:`.inputs` -- the input checks of every metric (:func:`as_probs`, ...), for code that
+  takes the same inputs (OOD scores, figures);
 * :mod:`.temperature` -- temperature scaling of ``T``-pass logits (fit on validation data);
 * :mod:`.report` -- :func:`classification_report` (the OOD report is
   :func:`gpattn_ppl.ood.ood_report`).
@@ -28,12 +30,14 @@ NaN/inf, rows not summing to 1 within 1e-3, empty arrays, labels out of range) r
 
 from .calibration import (
     CalibrationError,
+    bin_index,
     calibration_bins,
     expected_calibration_error,
     maximum_calibration_error,
 )
 from .classification import accuracy, brier_score, matthews_corrcoef, negative_log_likelihood
 from .failure import failure_aupr_error, failure_aupr_success, failure_auroc, failure_fpr95
+from .inputs import EPS, SUM_TOL, as_labels, as_logits, as_probs, as_scores, top_label
 from .ood_detection import (
     ood_aupr_in,
     ood_aupr_out,
@@ -51,6 +55,7 @@ from .temperature import (
     fit_temperature,
 )
 from .uncertainty import (
+    entropy,
     expected_entropy,
     mutual_information,
     predicted_class_std,
@@ -61,18 +66,26 @@ from .uncertainty import (
 __all__ = [
     "AURC",
     "CalibrationError",
+    "EPS",
     "HIGHER_IS_BETTER",
     "METRIC_NAMES",
+    "SUM_TOL",
     "TEMPERATURE_RANGE",
     "TemperatureWarning",
     "accuracy",
     "apply_temperature",
+    "as_labels",
+    "as_logits",
+    "as_probs",
+    "as_scores",
     "check_temperature",
     "aurc",
+    "bin_index",
     "brier_score",
     "calibration_bins",
     "classification_report",
     "eaurc",
+    "entropy",
     "expected_calibration_error",
     "expected_entropy",
     "failure_aupr_error",
@@ -93,4 +106,5 @@ __all__ = [
     "predictive_entropy",
     "predictive_variance",
     "risk_coverage_curve",
+    "top_label",
 ]

@@ -117,20 +117,6 @@ def as_scores(scores, name: str) -> Tensor:
     return s
 
 
-def as_binary(targets, n: int, name: str) -> Tensor:
-    """Return 0/1 targets ``[n]`` as a bool tensor."""
-    t = _as_tensor(targets, name)
-    if t.dim() != 1 or t.shape[0] != n:
-        raise ValueError(f"{name} must have shape [{n}], got shape {tuple(t.shape)}")
-    if t.dtype != torch.bool:
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise ValueError(f"{name} contains NaN or inf")
-        if not bool(((t == 0) | (t == 1)).all()):
-            raise ValueError(f"{name} must be binary (0/1 or bool)")
-        t = t != 0
-    return t
-
-
 def predictive(probs: Tensor) -> Tensor:
     """Bayesian model average ``p̄ = (1/T) Σ_t p_t``: ``[T, n, K] -> [n, K]``."""
     return probs.mean(0)

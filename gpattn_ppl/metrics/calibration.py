@@ -43,6 +43,7 @@ from ._streaming import ConfidenceCorrectMetric
 from ._validation import confidence_and_correct
 
 __all__ = [
+    "bin_index",
     "calibration_bins",
     "expected_calibration_error",
     "maximum_calibration_error",
@@ -50,8 +51,14 @@ __all__ = [
 ]
 
 
-def _bin_index(conf: Tensor, n_bins: int) -> Tensor:
-    """Bin of each confidence: ``m - 1`` for ``conf in ((m-1)/M, m/M]``, 0 for ``conf = 0``."""
+def bin_index(conf: Tensor, n_bins: int) -> Tensor:
+    """Bin of each confidence: ``m - 1`` for ``conf in ((m-1)/M, m/M]``, 0 for ``conf = 0``
+    (the binning of every calibration metric here; a confidence above 1 by rounding goes to the
+    last bin). ``conf`` is compared in float64; returns int64 indices of ``conf``'s shape.
+
+    >>> bin_index(torch.tensor([0.0, 0.1, 0.2, 0.5, 1.0], dtype=torch.float64), 5).tolist()
+    [0, 0, 0, 2, 4]
+    """
     edges = torch.arange(n_bins + 1, dtype=torch.float64, device=conf.device) / n_bins
     idx = torch.bucketize(conf.to(torch.float64), edges, right=False) - 1
     return idx.clamp_(0, n_bins - 1)
@@ -59,7 +66,7 @@ def _bin_index(conf: Tensor, n_bins: int) -> Tensor:
 
 def _bin_stats(conf: Tensor, correct: Tensor, n_bins: int) -> tuple[Tensor, Tensor, Tensor]:
     """Per-bin count, summed confidence and summed correctness (float64, ``[M]`` each)."""
-    idx = _bin_index(conf, n_bins)
+    idx = bin_index(conf, n_bins)
     conf = conf.to(torch.float64)
     count = torch.zeros(n_bins, dtype=torch.float64, device=conf.device)
     conf_sum = torch.zeros_like(count)

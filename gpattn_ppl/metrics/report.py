@@ -23,7 +23,7 @@ from .classification import (
     negative_log_likelihood,
 )
 from .selective import _aurc, _eaurc
-from .uncertainty import _entropy
+from .uncertainty import entropy
 
 __all__ = ["METRIC_NAMES", "HIGHER_IS_BETTER", "classification_report"]
 
@@ -191,9 +191,9 @@ def classification_report(
         "fail_aupr_success": lambda: _binary.aupr(conf, correct),
         "fail_aupr_error": lambda: _binary.aupr(-conf, ~correct),
         "fail_fpr95": lambda: _binary.fpr_at_tpr(conf, correct, 0.95),
-        "entropy": lambda: float(_entropy(pbar).mean()),
+        "entropy": lambda: float(entropy(pbar).mean()),
         "mutual_info": lambda: float(
-            (_entropy(p.mean(0)) - _entropy(p).mean(0)).clamp_min(0.0).mean()
+            (entropy(p.mean(0)) - entropy(p).mean(0)).clamp_min(0.0).mean()
         ),
         "pred_std": _pred_std,
     }

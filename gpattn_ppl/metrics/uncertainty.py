@@ -31,6 +31,7 @@ from torch import Tensor
 from ._validation import as_probs, top_label
 
 __all__ = [
+    "entropy",
     "predictive_entropy",
     "expected_entropy",
     "mutual_information",
@@ -39,7 +40,14 @@ __all__ = [
 ]
 
 
-def _entropy(p: Tensor) -> Tensor:
+def entropy(p: Tensor) -> Tensor:
+    r"""Entropy :math:`-\sum_k p_k \log p_k` of each distribution on the last axis, in nats
+    (:math:`0 \log 0 = 0`): ``[..., K] -> [...]``. No input checks: ``p`` is already checked
+    (:func:`~gpattn_ppl.metrics.inputs.as_probs`) and averaged where needed.
+
+    >>> entropy(torch.tensor([[0.5, 0.5], [0.25, 0.75]], dtype=torch.float64))
+    tensor([0.6931, 0.5623], dtype=torch.float64)
+    """
     return -torch.special.xlogy(p, p).sum(-1)
 
 
@@ -56,7 +64,7 @@ def predictive_entropy(probs) -> Tensor:
     >>> predictive_entropy(torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]]))  # mean is (1/2, 1/2)
     tensor([0.6931], dtype=torch.float64)
     """
-    return _entropy(as_probs(probs).mean(0))
+    return entropy(as_probs(probs).mean(0))
 
 
 def expected_entropy(probs) -> Tensor:
@@ -72,7 +80,7 @@ def expected_entropy(probs) -> Tensor:
     >>> expected_entropy(torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]]))
     tensor([0.], dtype=torch.float64)
     """
-    return _entropy(as_probs(probs)).mean(0)
+    return entropy(as_probs(probs)).mean(0)
 
 
 def mutual_information(probs) -> Tensor:
@@ -91,7 +99,7 @@ def mutual_information(probs) -> Tensor:
     tensor([0.6931], dtype=torch.float64)
     """
     p = as_probs(probs)
-    return (_entropy(p.mean(0)) - _entropy(p).mean(0)).clamp_min(0.0)
+    return (entropy(p.mean(0)) - entropy(p).mean(0)).clamp_min(0.0)
 
 
 def predictive_variance(probs) -> Tensor:

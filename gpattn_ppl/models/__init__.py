@@ -1,26 +1,23 @@
 """Classifiers, the model spec and declarative model construction."""
 
-from .build import assemble_model, build_model
-from .classifier import TransformerClassifier, resolve_block_attention
-from .hf import FREEZE, POOLING, HFClassifier, load_hf_encoder
-from .host import AttentionHost, PrefixCache
-from .spec import (
+from ..schema import (  # the config-schema engine, re-exported here as before
     MAX_CONFIG_BYTES,
     MAX_CONFIG_DEPTH,
     MAX_VALUE_DEPTH,
     MAX_VALUE_ITEMS,
-    MODEL_SCHEMA,
     ConfigError,
     ConfigLoader,
     Option,
-    check_model,
     check_plain,
     check_section,
-    check_value,
     load_yaml,
     read_yaml_mapping,
-    validate_model_spec,
 )
+from .build import assemble_model, build_model
+from .classifier import TransformerClassifier, resolve_block_attention
+from .hf import FREEZE, POOLING, HFClassifier, load_hf_encoder
+from .host import AttentionHost, PrefixCache
+from .spec import MODEL_SCHEMA, check_attention, check_model, check_value, validate_model_spec
 from .swap import (
     HOSTS,
     AttentionLayer,
@@ -42,7 +39,7 @@ __all__ = ["AttentionHost", "AttentionLayer", "BertAttentionAdapter", "ConfigErr
            "MAX_CONFIG_DEPTH", "MAX_VALUE_DEPTH", "MAX_VALUE_ITEMS", "MODEL_SCHEMA",
            "MultiheadAttentionAdapter", "Option", "POOLING", "PrefixCache", "SelfAttentionAdapter",
            "TextClassifier", "TransformerClassifier", "ViTClassifier", "assemble_model",
-           "attention_units", "build_model", "calibrate_swapped", "check_model", "check_plain",
-           "check_section", "check_value", "find_attention_layers", "gap_to_softmax", "key_mask",
-           "load_hf_encoder", "load_yaml", "read_yaml_mapping", "resolve_block_attention",
-           "swap_attention", "validate_model_spec"]
+           "attention_units", "build_model", "calibrate_swapped", "check_attention", "check_model",
+           "check_plain", "check_section", "check_value", "find_attention_layers",
+           "gap_to_softmax", "key_mask", "load_hf_encoder", "load_yaml", "read_yaml_mapping",
+           "resolve_block_attention", "swap_attention", "validate_model_spec"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..schema import ConfigError, read_yaml_mapping
 from .classifier import resolve_block_attention
-from .spec import ConfigError, read_yaml_mapping, validate_model_spec
+from .spec import validate_model_spec
 from .text import TextClassifier
 from .vit import ViTClassifier
 

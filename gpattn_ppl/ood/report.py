@@ -11,9 +11,10 @@ from collections.abc import Sequence
 import torch  # noqa: F401  (doctest namespace)
 from torch import Tensor
 
-from ..metrics._validation import as_probs
+from ..metrics.inputs import as_probs
 from ..metrics.ood_detection import ood_detection_metrics
-from .scores import DETECTOR_NAMES, ood_score
+from .registry import DETECTOR_NAMES, OOD_DETECTORS
+from .scores import ood_score
 
 __all__ = ["ood_report"]
 
@@ -34,16 +35,18 @@ def ood_report(
     :math:`s`), AUPR-Out (OOD positive, score :math:`-s`) and FPR95 (fraction of OOD with
     :math:`s \ge t`, :math:`t` the largest threshold keeping 95% of ID).
 
-    Default ``detectors``: ``max_softmax`` and ``entropy``; ``energy`` when both logits are
-    given; ``kl_matching`` when ``templates`` are given; ``mutual_info`` and ``pred_variance``
-    when both sets have ``T > 1`` passes. A detector requested explicitly without what it needs
-    raises :class:`ValueError`.
+    Default ``detectors``: every registered detector (:data:`~gpattn_ppl.ood.DETECTOR_NAMES`,
+    in registration order) whose ``needs`` the input meets -- ``max_softmax`` and ``entropy``;
+    ``energy`` when both logits are given; ``kl_matching`` when ``templates`` are given;
+    ``mutual_info`` and ``pred_variance`` when both sets have ``T > 1`` passes; then any
+    detector registered with :func:`~gpattn_ppl.ood.register_ood_detector` by the same rules.
+    A detector requested explicitly without what it needs raises :class:`ValueError`.
 
     :param id_probs: ID test probabilities ``[T, n_in, K]`` or ``[n_in, K]``.
     :param id_logits: ID logits of the same shape, or ``None``.
     :param ood_probs: OOD probabilities ``[T', n_out, K]`` or ``[n_out, K]``.
     :param ood_logits: OOD logits of the same shape, or ``None``.
-    :param detectors: names from :data:`gpattn_ppl.ood.SCORE_NAMES`.
+    :param detectors: names from :data:`gpattn_ppl.ood.SCORE_NAMES` (the registered names).
     :param templates: ``[K, K]`` KL-matching templates from
         :func:`gpattn_ppl.ood.kl_matching_templates` on ID **validation** predictions (never
         on test data).
@@ -64,15 +67,8 @@ def ood_report(
     if detectors is None:
         have_logits = id_logits is not None and ood_logits is not None
         multi_pass = p_in.shape[0] > 1 and p_out.shape[0] > 1
-        wanted = {
-            "max_softmax": True,
-            "entropy": True,
-            "energy": have_logits,
-            "kl_matching": templates is not None,
-            "mutual_info": multi_pass,
-            "pred_variance": multi_pass,
-        }
-        detectors = [d for d in DETECTOR_NAMES if wanted[d]]
+        met = {"logits": have_logits, "templates": templates is not None, "passes": multi_pass}
+        detectors = [d for d in DETECTOR_NAMES if all(met[n] for n in OOD_DETECTORS[d].needs)]
     if isinstance(detectors, str):
         raise ValueError(f"detectors must be a sequence of names, got the string {detectors!r}")
     out: dict[str, dict[str, float]] = {}

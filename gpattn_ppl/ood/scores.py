@@ -1,6 +1,9 @@
 r"""OOD detector scores by name; higher = more in-distribution.
 
-All scores use the model average :math:`\bar p_i = \frac1T \sum_t p_{t,i}` of ``T`` passes
+Each detector is registered in :data:`~gpattn_ppl.ood.registry.OOD_DETECTORS` with
+:func:`~gpattn_ppl.ood.registry.register_ood_detector` (so is a detector of yours, see
+:mod:`gpattn_ppl.ood.registry`), and :func:`ood_score` looks the name up there. The built-in
+detectors use the model average :math:`\bar p_i = \frac1T \sum_t p_{t,i}` of ``T`` passes
 (:doc:`/metrics`; names as in pytorch-ood where they exist):
 
 =================  =========================================================================
@@ -18,9 +21,9 @@ name               score :math:`s_i`
 ``gp_variance``    alias of ``pred_variance``
 =================  =========================================================================
 
-``mutual_info`` and ``pred_variance`` need ``T > 1`` passes (with ``T = 1`` they are constant and
-carry no information, so they raise). Scores are float64 tensors ``[n]`` on the input's device.
-Complexity: :math:`O(TnK)`.
+``energy`` needs logits, ``kl_matching`` templates; ``mutual_info`` and ``pred_variance`` need
+``T > 1`` passes (with ``T = 1`` they are constant and carry no information, so they raise).
+Scores are float64 tensors ``[n]`` on the input's device. Complexity: :math:`O(TnK)`.
 """
 
 from __future__ import annotations
@@ -30,23 +33,11 @@ import warnings
 import torch
 from torch import Tensor
 
-from ..metrics._validation import EPS, SUM_TOL, as_logits, as_probs, top_label
-from ..metrics.uncertainty import _entropy
+from ..metrics.inputs import EPS, SUM_TOL, as_logits, as_probs, top_label
+from ..metrics.uncertainty import entropy
+from .registry import OOD_DETECTORS, register_ood_detector
 
-__all__ = ["SCORE_NAMES", "DETECTOR_NAMES", "ood_score", "kl_matching_templates"]
-
-#: The distinct detectors, in report order (:data:`SCORE_NAMES` without the alias
-#: ``gp_variance``).
-DETECTOR_NAMES: tuple[str, ...] = (
-    "max_softmax",
-    "entropy",
-    "energy",
-    "kl_matching",
-    "mutual_info",
-    "pred_variance",
-)
-#: Names accepted by :func:`ood_score`.
-SCORE_NAMES: tuple[str, ...] = (*DETECTOR_NAMES, "gp_variance")
+__all__ = ["ood_score", "kl_matching_templates"]
 
 
 def kl_matching_templates(val_probs) -> Tensor:
@@ -112,6 +103,42 @@ def _need_passes(p: Tensor, name: str) -> None:
         )
 
 
+@register_ood_detector("max_softmax", label="Max softmax probability")
+def _max_softmax(probs: Tensor, logits=None, templates=None) -> Tensor:
+    return probs.mean(0).max(-1).values
+
+
+@register_ood_detector("entropy", label="Negative predictive entropy (nats)")
+def _neg_entropy(probs: Tensor, logits=None, templates=None) -> Tensor:
+    return -entropy(probs.mean(0))
+
+
+@register_ood_detector("energy", needs=("logits",), label="Energy score")
+def _energy(probs: Tensor, logits: Tensor, templates=None) -> Tensor:
+    return torch.logsumexp(logits.mean(0), dim=-1)
+
+
+@register_ood_detector("kl_matching", needs=("templates",),
+                       label="Negative KL to the class template")
+def _kl_matching(probs: Tensor, logits=None, templates: Tensor | None = None) -> Tensor:
+    pbar = probs.mean(0)
+    _, pred = top_label(pbar)
+    log_ratio = pbar.clamp_min(EPS).log() - templates[pred].clamp_min(EPS).log()
+    return -(pbar * log_ratio).sum(-1)
+
+
+@register_ood_detector("mutual_info", needs=("passes",),
+                       label="Negative mutual information (nats)")
+def _neg_mutual_info(probs: Tensor, logits=None, templates=None) -> Tensor:
+    return -(entropy(probs.mean(0)) - entropy(probs).mean(0)).clamp_min(0.0)
+
+
+@register_ood_detector("pred_variance", needs=("passes",), aliases=("gp_variance",),
+                       label="Negative predictive variance")
+def _neg_pred_variance(probs: Tensor, logits=None, templates=None) -> Tensor:
+    return -probs.var(0, correction=0).mean(-1)
+
+
 def ood_score(name: str, probs, logits=None, templates=None) -> Tensor:
     r"""Compute the OOD score ``name`` for each sample; higher = more in-distribution.
 
@@ -121,38 +148,42 @@ def ood_score(name: str, probs, logits=None, templates=None) -> Tensor:
 
         s_i = -\sum_k \bar p_{ik} \bigl(\log \bar p_{ik} - \log d_{\hat y_i k}\bigr)
 
-    (probabilities and templates clamped at :math:`10^{-12}` inside the logarithms).
+    (probabilities and templates clamped at :math:`10^{-12}` inside the logarithms). The
+    detector is looked up in :data:`~gpattn_ppl.ood.registry.OOD_DETECTORS`: its declared
+    ``needs`` are checked, its function is called with the checked inputs, and its score is
+    negated if it was registered with ``higher_is_ood=True``.
 
-    :param name: one of :data:`SCORE_NAMES`.
+    :param name: one of :data:`~gpattn_ppl.ood.registry.SCORE_NAMES` (the registered names).
     :param probs: class probabilities ``[n, K]`` or ``[T, n, K]``.
-    :param logits: logits of the same shape, required for ``energy``.
-    :param templates: ``[K, K]`` from :func:`kl_matching_templates`, required for ``kl_matching``.
+    :param logits: logits of the same shape, required for ``energy`` (and any detector that
+        needs logits).
+    :param templates: ``[K, K]`` from :func:`kl_matching_templates`, required for ``kl_matching``
+        (and any detector that needs templates).
     :returns: scores ``[n]`` (float64).
-    :raises ValueError: unknown name (the message lists the allowed names), missing logits or
-        templates, ``T = 1`` for ``mutual_info``/``pred_variance``, malformed input.
+    :raises ValueError: unknown name (the message lists the registered names), missing logits
+        or templates, ``T = 1`` for ``mutual_info``/``pred_variance``, malformed input, or a
+        detector returning a score that is not ``[n]``.
 
     >>> ood_score("max_softmax", torch.tensor([[0.7, 0.3], [0.5, 0.5]]))
     tensor([0.7000, 0.5000], dtype=torch.float64)
     """
-    if name not in SCORE_NAMES:
-        raise ValueError(f"unknown OOD score {name!r}; allowed: {', '.join(SCORE_NAMES)}")
+    det = OOD_DETECTORS.get(name) if isinstance(name, str) else None
+    if det is None:
+        raise ValueError(f"unknown OOD score {name!r}; allowed: {', '.join(OOD_DETECTORS)}")
     p = as_probs(probs)
-    pbar = p.mean(0)
-    if name == "max_softmax":
-        return pbar.max(-1).values
-    if name == "entropy":
-        return -_entropy(pbar)
-    if name == "energy":
+    z = d = None
+    if "logits" in det.needs:
         if logits is None:
-            raise ValueError("OOD score 'energy' needs logits ([T, n, K] or [n, K])")
-        return torch.logsumexp(as_logits(logits, p.shape).mean(0), dim=-1)
-    if name == "kl_matching":
+            raise ValueError(f"OOD score {name!r} needs logits ([T, n, K] or [n, K])")
+        z = as_logits(logits, p.shape)
+    if "templates" in det.needs:
         d = _check_templates(templates, p.shape[-1], p.device)
-        _, pred = top_label(pbar)
-        log_ratio = pbar.clamp_min(EPS).log() - d[pred].clamp_min(EPS).log()
-        return -(pbar * log_ratio).sum(-1)
-    _need_passes(p, name)
-    if name == "mutual_info":
-        return -(_entropy(pbar) - _entropy(p).mean(0)).clamp_min(0.0)
-    # pred_variance / gp_variance
-    return -p.var(0, correction=0).mean(-1)
+    if det.multi_pass:
+        _need_passes(p, name)
+    s = det.score(p, logits=z, templates=d)
+    if not isinstance(s, Tensor) or tuple(s.shape) != (p.shape[1],):
+        shape = tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__
+        raise ValueError(f"OOD detector {name!r} must return a tensor of shape [n] = "
+                         f"[{p.shape[1]}], got {shape}")
+    s = s.to(torch.float64)
+    return -s if det.higher_is_ood else s

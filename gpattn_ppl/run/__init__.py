@@ -39,7 +39,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                  "data_sizes", "load_bundle", "model_and_program", "new_manifest",
                  "parameter_groups", "selection_metric"),
     "benchmarking": ("bench_arg_parser", "bench_device", "bench_layers", "bench_specs",
-                     "build_unit", "peak_memory", "sync_counter", "SYNC_OPS", "provenance",
+                     "build_unit", "peak_memory", "provenance",
                      "layer_inputs", "layer_step_time", "loglog_slope", "machine_info",
                      "round_summary", "spec_step_time", "split_spec", "time_against_softmax",
                      "time_fn", "train_step", "write_json"),

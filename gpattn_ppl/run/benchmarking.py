@@ -2,8 +2,7 @@
 
 Times are medians of repeated runs after warm-up (``torch.cuda.synchronize`` on GPU). Nothing
 here is asserted by tests; results are written as JSON. :func:`peak_memory` (the tensor memory
-of one call) and :func:`sync_counter` (host synchronisations of a block) watch the aten ops
-through a ``torch.utils._python_dispatch.TorchDispatchMode``.
+of one call) watches the aten ops through a ``torch.utils._python_dispatch.TorchDispatchMode``.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ __all__ = ["time_fn", "split_spec", "build_unit", "layer_inputs", "train_step", 
            "spec_step_time", "time_against_softmax", "round_summary", "loglog_slope",
            "machine_info", "write_json", "bench_layers", "bench_specs", "bench_arg_parser",
            "bench_device",
-           "peak_memory", "sync_counter", "SYNC_OPS", "provenance"]
+           "peak_memory", "provenance"]
 
 
 def _sync(device: torch.device) -> None:
@@ -229,13 +228,14 @@ def bench_specs(words: list[str], dim: int | None = None, heads: int | None = No
     given ``dim`` and ``heads``, each unit is also built once (RNG state kept), so that its own
     rules on the values (``temperature must be > 0``) fail here.
 
-    :raises ~gpattn_ppl.models.spec.ConfigError: naming the word as ``kinds[i]``: invalid JSON,
+    :raises ~gpattn_ppl.schema.ConfigError: naming the word as ``kinds[i]``: invalid JSON,
         not an object, no ``"kind"``, an unknown kind or option, a value of the wrong type or
         refused by the unit.
     """
     import json
 
-    from ..models.spec import ConfigError, _check_attention
+    from ..models.spec import check_attention
+    from ..schema import ConfigError
 
     specs = []
     for i, word in enumerate(words):
@@ -250,7 +250,7 @@ def bench_specs(words: list[str], dim: int | None = None, heads: int | None = No
                 raise ConfigError(f"{where}: {word!r} has no \"kind\" key; e.g. {_SPEC_EXAMPLE}")
         else:
             spec = {"kind": word}
-        spec = _check_attention(spec, where)
+        spec = check_attention(spec, where)
         if dim is not None and heads is not None:
             with torch.random.fork_rng(devices=[]):
                 try:
@@ -409,62 +409,3 @@ def peak_memory(fn, device: torch.device | str = "cpu") -> dict:
         tracker.detach()
     return {"peak_bytes": int(peak),
             "largest_tensor": tracker.largest or {"shape": None, "bytes": 0}}
-
-
-#: aten ops whose result the host waits for (a scalar read, a data-dependent output size, a
-#: comparison answered on the host, an assertion)
-SYNC_OPS = frozenset({"_local_scalar_dense", "is_nonzero", "nonzero", "equal", "allclose",
-                      "_assert_async", "masked_select", "_unique", "_unique2", "unique_dim",
-                      "unique_consecutive"})
-
-
-def _is_sync(func, args, kwargs) -> bool:
-    name = func.overloadpacket.__name__
-    if name in SYNC_OPS:
-        return True
-    if name in ("index", "index_put", "index_put_", "_index_put_impl_"):  # boolean-mask indexing
-        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
-                   for i in indices)
-    if name == "_to_copy":  # device -> host copy
-        src, dst = args[0], kwargs.get("device")
-        return (src.device.type != "cpu" and dst is not None and torch.device(dst).type == "cpu"
-                and not kwargs.get("non_blocking", False))
-    if name == "copy_":
-        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-        return (args[0].device.type == "cpu" and args[1].device.type != "cpu"
-                and not non_blocking)
-    return False
-
-
-class SyncCounter(TorchDispatchMode):
-    """Counts the host synchronisations of the ops run under it (see :func:`sync_counter`):
-    ``count`` and ``ops`` (the aten op names, in order)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _is_sync(func, args, kwargs):
-            self.count += 1
-            self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **kwargs)
-
-
-def sync_counter():
-    """A context manager counting host synchronisations at the aten level::
-
-        with sync_counter() as s:
-            step()
-        assert s.count == 0, s.ops
-
-    Counted: the ops of :data:`SYNC_OPS` (``.item()``, ``float(t)``, ``bool(t)`` and ``if t:``
-    reach ``_local_scalar_dense``), boolean-mask indexing, and blocking device -> host copies
-    (``.cpu()``, ``.tolist()`` of a CUDA tensor). Not seen: syncs inside a kernel or in Python
-    code that reads tensor data without an aten op (``.tolist()`` / ``.numpy()`` of a CPU
-    tensor), and ``torch.cuda.synchronize``.
-    """
-    return SyncCounter()

@@ -66,7 +66,7 @@ def _version() -> str:
     try:
         return version("gpattn-ppl")
     except PackageNotFoundError:  # running from a source tree that is not installed
-        from .._version import __version__
+        from .. import __version__
 
         return __version__
 
@@ -158,7 +158,8 @@ def _check_predict_out(out: Path, source: Path, run_dir: Path, force: bool) -> N
 def _plot(args) -> int:
     from .plotting import plot_runs
 
-    for path in plot_runs([Path(d) for d in args.run_dirs], Path(args.out)):
+    kw = {} if args.detectors is None else {"detectors": args.detectors}
+    for path in plot_runs([Path(d) for d in args.run_dirs], Path(args.out), **kw):
         print(path)
     return 0
 
@@ -226,9 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "instead of one line (may also come after the command), e.g. gpattn-ppl "
                    "--debug train cfg.yaml")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="import MODULE (dotted name or path/to/file.py) first, so the datasets "
-                   "and attention units it registers can be used; repeatable, e.g. --import "
-                   "mypkg.units")
+                   help="import MODULE (dotted name or path/to/file.py) first, so the datasets, "
+                   "attention units and OOD detectors it registers can be used; repeatable, "
+                   "e.g. --import mypkg.units")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                            help="run `gpattn-ppl COMMAND --help` for its arguments and an example")
 
@@ -296,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluated run folders (with predictions.pt), e.g. runs/cola/softmax")
     g.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs, e.g. "
                    "--out plots/")
+    g.add_argument("--detectors", nargs="+", default=None, metavar="NAME",
+                   help="OOD scores to draw histograms of (default: max_softmax entropy "
+                   "mutual_info; a detector of a plugin needs --import), e.g. --detectors "
+                   "max_softmax energy")
 
     c = _sub(sub, "compare", "train configs x seeds and write a mean ± std table (results.md, "
              "results.csv, plots)", "gpattn-ppl compare experiments/configs/cola/"

@@ -287,7 +287,7 @@ def _fail(message: str):
 
 
 def _check_seeds(seeds) -> list[int]:
-    from ..models.spec import ConfigError
+    from ..schema import ConfigError
     from .config import MAX_SEED
 
     seeds = list(seeds)
@@ -309,7 +309,7 @@ def _check_seeds(seeds) -> list[int]:
 
 
 def _check_ensemble(ensemble, n_seeds: int) -> int:
-    from ..models.spec import ConfigError
+    from ..schema import ConfigError
 
     if not isinstance(ensemble, int) or isinstance(ensemble, bool):
         raise ConfigError(f"ensemble: {ensemble!r} is not an integer")
@@ -327,7 +327,7 @@ def _check_ensemble(ensemble, n_seeds: int) -> int:
 def _method_names(configs: list, names: list[str] | None) -> list[str]:
     """The method name of every config (``names``, else the file stem, else ``config<i>``);
     refuses names that are not one plain folder name, reserved names and collisions."""
-    from ..models.spec import ConfigError
+    from ..schema import ConfigError
 
     if names is not None:
         names = list(names)
@@ -371,7 +371,7 @@ def _method_names(configs: list, names: list[str] | None) -> list[str]:
 
 def _load(config, overrides: list[str], method: str, i: int) -> dict:
     """:func:`~gpattn_ppl.run.config.load_config` with the config file named in its error."""
-    from ..models.spec import ConfigError
+    from ..schema import ConfigError
     from .config import load_config
 
     try:
@@ -465,7 +465,7 @@ def plan_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: st
     out_dir = Path(out_dir)
     configs = list(configs)
     if not configs:
-        from ..models.spec import ConfigError
+        from ..schema import ConfigError
 
         raise ConfigError("configs: none given; give at least one config file")
     seeds = _check_seeds(seeds)
@@ -506,7 +506,7 @@ def plan_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: st
 
 
 def _write_manifest(plan: ComparePlan, files: set[str]) -> None:
-    from .._version import __version__
+    from .. import __version__
     from .rundir import write_json_atomic
 
     plan.owned |= files
@@ -572,8 +572,11 @@ def execute_plan(plan: ComparePlan, *, bundle_cache: bool = True) -> tuple[list[
     if plan.plots_dir is not None:
         from .plotting import plot_runs
 
+        # the methods' eval.ood_detectors when they agree (a plugin's detector drawn too)
+        chosen = {tuple(plan.runs[m][0].cfg["eval"]["ood_detectors"] or ()) for m in plan.methods}
+        kw = {"detectors": list(chosen.pop())} if len(chosen) == 1 and () not in chosen else {}
         figures = plot_runs([plan.runs[m][0].run_dir for m in plan.methods],
-                            out_dir / plan.plots_dir, names=plan.methods)
+                            out_dir / plan.plots_dir, names=plan.methods, **kw)
         _write_manifest(plan, {p.relative_to(out_dir).as_posix() for p in figures})
     return rows, figures
 

@@ -2,10 +2,11 @@
 
 Unknown keys and wrong types are :class:`ConfigError` naming the key path and the allowed values;
 nested values (``data.ood_files``, ``train.objective``, ``model.attention``) are checked too, and
-are plain data of bounded size (:func:`~gpattn_ppl.models.spec.check_plain`). A config that
+are plain data of bounded size (:func:`~gpattn_ppl.schema.check_plain`). A config that
 needs an optional extra that is not installed names it (:func:`check_extras`).
 ``--set key.path=value`` overrides are parsed as YAML scalars. The ``model`` section's schema and
-rules belong to the models (:mod:`gpattn_ppl.models.spec`); this module adds the other sections.
+rules belong to the models (:mod:`gpattn_ppl.models.spec`); this module adds the other sections,
+on the schema engine of :mod:`gpattn_ppl.schema`.
 A config is validated once, by :func:`load_config` / :func:`validate_config`, which return a
 :class:`Config`; the application hands that on without validating it again.
 
@@ -23,20 +24,18 @@ from typing import Any
 
 import yaml
 
-from ..models.spec import (
-    MAX_IMAGE,
-    MAX_LEN,
-    MODEL_SCHEMA,
+from ..models.spec import MAX_IMAGE, MAX_LEN, MODEL_SCHEMA, check_model
+from ..schema import (
     ConfigError,
     Option,
-    _got,
-    _yaml_problem,
-    check_model,
     check_section,
+    describe_value,
+    load_yaml,
     read_yaml_mapping,
+    yaml_problem,
 )
 
-# ConfigError is defined in gpattn_ppl.models.spec and importable from here too
+# ConfigError is defined in gpattn_ppl.schema and importable from here too
 # VALIDATION_METRICS is exported by gpattn_ppl.run.experiment, which imports it from here
 __all__ = ["Config", "SCHEMA", "load_config", "validate_config", "apply_overrides",
            "requires_extras", "check_extras"]
@@ -86,9 +85,11 @@ def _metric_names() -> tuple[str, ...]:
 
 
 def _detector_names() -> tuple[str, ...]:
-    from ..ood import SCORE_NAMES
+    """The registered OOD detector names, read at validation time (so a detector registered by
+    a module imported with ``--import`` validates)."""
+    from ..ood import OOD_DETECTORS
 
-    return SCORE_NAMES
+    return tuple(OOD_DETECTORS)
 
 
 def _check_select_metric(value: str, where: str) -> None:
@@ -143,7 +144,7 @@ def _named_paths(what: str):
                                   "allowed for an OOD set; choose another name")
             if not isinstance(path, str) or not path.strip():
                 raise ConfigError(f"{where}.{name}: expected the path of a {what} (str), got "
-                                  f"{_got(path)}")
+                                  f"{describe_value(path)}")
 
     return check
 
@@ -160,10 +161,10 @@ def _check_objective(value: dict, where: str) -> None:
                 if not ok:
                     raise ConfigError(f"{where}.{key}.{k}: expected "
                                       f"{'a schedule kind (str)' if k == 'kind' else 'a number'}, "
-                                      f"got {_got(v)}")
+                                      f"got {describe_value(v)}")
         elif isinstance(weight, bool) or not isinstance(weight, (int, float, str)):
             raise ConfigError(f"{where}.{key}: expected a number or a schedule mapping, got "
-                              f"{_got(weight)}")
+                              f"{describe_value(weight)}")
 
 
 def _check_corruptions(value, where: str) -> None:
@@ -173,7 +174,7 @@ def _check_corruptions(value, where: str) -> None:
         for i, item in enumerate(value):
             if not isinstance(item, str):
                 raise ConfigError(f"{where}[{i}]: expected '<name>:<severity>' or '<name>' (str), "
-                                  f"got {_got(item)}")
+                                  f"got {describe_value(item)}")
     try:
         parse_corruption_sets(value)
     except ValueError as err:
@@ -461,13 +462,11 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     if not all(k.strip() for k in keys):
         what = "the key is empty" if not key.strip() else f"the key {key.strip()!r} has an empty part"
         raise ConfigError(f"--set {item!r}: {what}; expected key.path=value, e.g. train.lr=1e-3")
-    from ..models.spec import load_yaml  # the config files' loader (YAML 1.2: 010 is 10)
-
     try:
-        value = load_yaml(raw)
+        value = load_yaml(raw)  # the config files' loader (YAML 1.2: 010 is 10)
     except yaml.YAMLError as err:
         raise ConfigError(f"--set {item!r}: the value is not a YAML scalar ("
-                          f"{_yaml_problem(err)})") from None
+                          f"{yaml_problem(err)})") from None
     return [k.strip() for k in keys], value
 
 

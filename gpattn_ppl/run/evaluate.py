@@ -18,8 +18,8 @@ from ..infer import PyroProgram, predict
 from ..metrics import apply_temperature, classification_report, fit_temperature
 from ..metrics.classification import negative_log_likelihood
 from ..metrics.temperature import TemperatureWarning
-from ..models.spec import ConfigError
 from ..ood import kl_matching_templates, ood_report
+from ..schema import ConfigError
 
 __all__ = ["check_ood_names", "evaluate_model", "evaluate_predictions", "temper"]
 
@@ -51,7 +51,7 @@ def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[st
 
 
 def check_ood_names(names: list[str] | None, bundle, where: str = "eval.ood") -> None:
-    """Raise :class:`~gpattn_ppl.models.spec.ConfigError` when an OOD set name is not one of
+    """Raise :class:`~gpattn_ppl.schema.ConfigError` when an OOD set name is not one of
     ``bundle.ood``."""
     reserved = [n for n in names or [] if n in ("train", "val", "test")]
     if reserved:

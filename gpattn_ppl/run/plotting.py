@@ -31,12 +31,12 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from ..metrics import ood_auroc
-from ..metrics._validation import as_probs, as_scores
-from ..metrics.calibration import _bin_index, calibration_bins, expected_calibration_error
+from ..metrics.calibration import bin_index, calibration_bins, expected_calibration_error
+from ..metrics.inputs import as_probs, as_scores
 from ..metrics.report import METRIC_NAMES
 from ..metrics.selective import aurc, risk_coverage_curve
 from ..metrics.temperature import apply_temperature
-from ..ood import SCORE_NAMES, kl_matching_templates, ood_score
+from ..ood import OOD_DETECTORS, kl_matching_templates, ood_score
 
 __all__ = [
     "reliability_diagram",
@@ -47,18 +47,6 @@ __all__ = [
     "plot_runs",
 ]
 
-#: Axis label of each OOD detector score (:data:`gpattn_ppl.ood.SCORE_NAMES`).
-_SCORE_LABELS = {
-    "max_softmax": "Max softmax probability",
-    "entropy": "Negative predictive entropy (nats)",
-    "energy": "Energy score",
-    "kl_matching": "Negative KL to the class template",
-    "mutual_info": "Negative mutual information (nats)",
-    "pred_variance": "Negative predictive variance",
-    "gp_variance": "Negative predictive variance",
-}
-#: Detectors that need ``T > 1`` passes.
-_MULTI_PASS = ("mutual_info", "pred_variance", "gp_variance")
 #: Oracle and random reference styles of the risk-coverage plot.
 _ORACLE = {"linestyle": ":", "linewidth": 1.6}
 _RANDOM = {"linestyle": "--", "linewidth": 1.0}
@@ -84,7 +72,7 @@ def _zoom_lower(bins: dict, num_classes: int) -> float:
     """Lower x-limit: the lower edge of the lowest non-empty bin, at most the lower edge of the
     bin holding the chance level ``1/K`` (top-label confidences are ``>= 1/K``)."""
     edges, count = bins["edges"], bins["count"]
-    chance = float(edges[_bin_index(torch.tensor([1.0 / num_classes], dtype=torch.float64),
+    chance = float(edges[bin_index(torch.tensor([1.0 / num_classes], dtype=torch.float64),
                                     len(count))])
     lowest = float(edges[int(torch.nonzero(count > 0)[0])])
     return min(lowest, chance)
@@ -277,6 +265,12 @@ def _draw_ood_hist(ax, id_scores, ood_scores, bins: int = 40) -> None:
     ax.legend(handles, labels, loc="upper left", fontsize="small")
 
 
+def _score_label(name: str) -> str:
+    """The axis label a detector registered with (its name for an unregistered one)."""
+    det = OOD_DETECTORS.get(name)
+    return name if det is None else det.label
+
+
 def _ood_histogram_figure(panels: Mapping, score_name: str, title: str | None = None) -> Figure:
     """One axes per panel ``{panel title: (id_scores, {ood set: scores})}``; ``title`` is the
     figure's title (the axes title if the only panel title is empty)."""
@@ -287,7 +281,7 @@ def _ood_histogram_figure(panels: Mapping, score_name: str, title: str | None = 
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, (name, (id_scores, ood_scores)) in zip(axes, panels.items()):
         _draw_ood_hist(ax, id_scores, ood_scores)
-        ax.set_xlabel(_SCORE_LABELS.get(score_name, score_name) + " (higher = more ID)")
+        ax.set_xlabel(_score_label(score_name) + " (higher = more ID)")
         if name:
             ax.set_title(str(name))
     for ax in axes[n:]:
@@ -322,8 +316,8 @@ def ood_score_histogram(
         :func:`gpattn_ppl.ood.ood_score`).
     :param ood_scores: ``{ood set name: scores [n_out]}``.
     :param path: output PNG path.
-    :param score_name: the detector's name (a key of :data:`gpattn_ppl.ood.SCORE_NAMES` gives
-        a readable axis label; any other string is used as it is).
+    :param score_name: the detector's name (a registered one, :data:`gpattn_ppl.ood.SCORE_NAMES`,
+        gives the axis label it was registered with; any other string is used as it is).
     :param title: figure title (default none).
     :returns: the written path.
     :raises ValueError: empty ``ood_scores`` or malformed scores.
@@ -465,8 +459,10 @@ def plot_runs(
     * ``ood_<set>_<detector>.png`` per OOD set and detector -- :func:`ood_score_histogram`
       panels (test set vs that OOD set), one per run, in one figure. A run without that OOD set
       is left out, and so is a run with ``T = 1`` pass for ``mutual_info`` / ``pred_variance``
-      (constant there); a figure with no run left is not written. ``kl_matching`` uses
-      templates from the run's ``val`` predictions.
+      (constant there) or any detector registered as needing ``"passes"``; a figure with no run
+      left is not written. ``kl_matching`` (and any detector needing ``"templates"``) uses
+      templates from the run's ``val`` predictions. The axis label is the one the detector was
+      registered with (:func:`gpattn_ppl.ood.register_ood_detector`).
 
     With ``temperature={name: tau}`` the run's predictive is the tempered one,
     :math:`\bar p_i = \frac1T\sum_t \mathrm{softmax}(\ell_{t,i}/\tau)` (for every split), and
@@ -476,7 +472,8 @@ def plot_runs(
     :param out_dir: output folder (created).
     :param names: display names, one per run (default: the folder names, or the last two path
         parts when two folders share a name, e.g. ``softmax/seed0`` and ``kernel/seed0``).
-    :param detectors: names from :data:`gpattn_ppl.ood.SCORE_NAMES`.
+    :param detectors: names from :data:`gpattn_ppl.ood.SCORE_NAMES` (the registered detectors,
+        yours included, :func:`gpattn_ppl.ood.register_ood_detector`).
     :param temperature: optional ``{name: tau}`` (e.g. from
         :func:`gpattn_ppl.metrics.fit_temperature` on the validation logits).
     :returns: the written paths, in the order above.
@@ -489,9 +486,9 @@ def plot_runs(
     labels = _run_names(dirs, names)
     if isinstance(detectors, str):
         raise ValueError(f"detectors must be a sequence of names, got the string {detectors!r}")
-    unknown = [d for d in detectors if d not in SCORE_NAMES]
+    unknown = [d for d in detectors if d not in OOD_DETECTORS]
     if unknown:
-        raise ValueError(f"unknown detector(s) {unknown}; allowed: {', '.join(SCORE_NAMES)}")
+        raise ValueError(f"unknown detector(s) {unknown}; allowed: {', '.join(OOD_DETECTORS)}")
     temperature = dict(temperature or {})
     stray = [k for k in temperature if k not in labels]
     if stray:
@@ -516,12 +513,13 @@ def plot_runs(
                 if ood_set not in r:
                     continue
                 t_in, t_out = as_probs(r["test"]["probs"]), as_probs(r[ood_set]["probs"])
-                if det in _MULTI_PASS and min(t_in.shape[0], t_out.shape[0]) < 2:
+                spec = OOD_DETECTORS[det]
+                if spec.multi_pass and min(t_in.shape[0], t_out.shape[0]) < 2:
                     continue
                 templates = None
-                if det == "kl_matching":
+                if "templates" in spec.needs:
                     if "val" not in r:
-                        raise ValueError(f"run {name!r}: kl_matching needs 'val' predictions")
+                        raise ValueError(f"run {name!r}: {det} needs 'val' predictions")
                     templates = kl_matching_templates(r["val"]["probs"])
                 s_in = ood_score(det, t_in, r["test"].get("logits"), templates)
                 s_out = ood_score(det, t_out, r[ood_set].get("logits"), templates)

@@ -1,7 +1,8 @@
 """User code in every command: ``--import MODULE`` and the ``gpattn_ppl.plugins`` entry points.
 
-A plugin module registers its datasets (:func:`gpattn_ppl.data.register_dataset`) and attention
-units (:func:`gpattn_ppl.attention.register_attention`) when imported. ``gpattn-ppl --import
+A plugin module registers its datasets (:func:`gpattn_ppl.data.register_dataset`), attention
+units (:func:`gpattn_ppl.attention.register_attention`) and OOD detectors
+(:func:`gpattn_ppl.ood.register_ood_detector`) when imported. ``gpattn-ppl --import
 mypkg.units train ...`` imports it before the command runs. A run records the modules it was
 trained with in ``run.json``, but nothing named by a run folder is ever imported: ``evaluate``,
 ``predict`` and :func:`~gpattn_ppl.run.predictor.load_run` need the same ``--import`` (or, in

@@ -151,15 +151,20 @@ def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
                                 history=history, select_metric=select_metric, ood=ood,
                                 data_warning=changed)
         if plots and rank == 0:
-            draw_run_plots(folder.path)
+            draw_run_plots(folder.path, cfg["eval"]["ood_detectors"])
     return results
 
 
-def draw_run_plots(run_dir: Path) -> list[Path]:
+def draw_run_plots(run_dir: Path, detectors: list[str] | None = None) -> list[Path]:
     """The run's figures (:func:`~gpattn_ppl.run.plotting.plot_runs`) in ``run_dir/plots``,
-    each listed in the manifest before it is written (the caller holds the lock)."""
+    each listed in the manifest before it is written (the caller holds the lock).
+
+    :param detectors: the OOD scores to draw (``eval.ood_detectors``, a plugin's included);
+        ``None``: :func:`~gpattn_ppl.run.plotting.plot_runs`'s default.
+    """
     from .plotting import planned_plot_names, plot_runs
 
     run_dir = Path(run_dir)
-    record_files(run_dir, [f"plots/{n}" for n in planned_plot_names([run_dir])])
-    return plot_runs([run_dir], run_dir / "plots")
+    kw = {} if detectors is None else {"detectors": list(detectors)}
+    record_files(run_dir, [f"plots/{n}" for n in planned_plot_names([run_dir], **kw)])
+    return plot_runs([run_dir], run_dir / "plots", **kw)

@@ -114,7 +114,7 @@ def config_differences(old: dict, new: dict, ignore: tuple[str, ...] = IGNORED_K
 
 
 def _saved_config(run_dir: Path) -> dict:
-    from ..models.spec import ConfigError, read_yaml_mapping
+    from ..schema import ConfigError, read_yaml_mapping
     from .config import validate_config
 
     path = run_dir / "config.yaml"

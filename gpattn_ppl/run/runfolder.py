@@ -244,7 +244,7 @@ def open_run(run_dir: str | Path, overrides: list[str] | None = None) -> RunFold
         config that needs a plugin the run recorded but this process has not imported (the
         message names the ``--import`` to pass; a run folder never imports code by itself).
     """
-    from ..models.spec import ConfigError, read_yaml_mapping
+    from ..schema import ConfigError, read_yaml_mapping
     from .config import apply_overrides, validate_config
     from .plugins import imported_plugins
 

@@ -110,7 +110,7 @@ def test_categories_and_errors(images):
         corrupt(images, "rain", 1)
     with pytest.raises(ValueError, match="severity must be"):
         corrupt(images, "fog", 6)
-    with pytest.raises(ValueError, match=r"expected images \[n, 3, H, W\] uint8"):
+    with pytest.raises(ValueError, match=r"expected images \[n, 3, height, width\] uint8"):
         corrupt(images.float(), "fog", 1)
 
 

@@ -153,7 +153,7 @@ def test_scgpt_with_duplicated_tokens_escalations_are_counted_and_warned():
                        "attention": {"kind": "scgpt"}}, num_classes=2, vocab_size=20)
     net.train()
     x = torch.full((3, 10), 7)                # one token, repeated: coinciding inducing inputs
-    with pytest.warns(NumericsWarning, match=r"blocks\.0\.attn (B_m \(0\) / B_l \(1\)|B_m|B_l|B'_l|M): Cholesky jitter"):
+    with pytest.warns(NumericsWarning, match=r"blocks\.0\.attn (B_m \(0\) / B_l \(1\)|B_m|B_l|B'_l|Q): Cholesky jitter"):
         out = net(x, torch.ones(3, 10, dtype=torch.bool))
     assert torch.isfinite(out).all()
     stats = linalg.numerics_stats()

@@ -3,7 +3,7 @@
 A synchronisation is an op that reads a tensor to the host: ``.item()``, ``float(t)``,
 ``bool(t)`` (``aten._local_scalar_dense``, ``aten.is_nonzero``), ``aten.nonzero`` and friends.
 On CPU they cost little; on a GPU each one stalls the stream. The counter is a dispatch mode, so
-it sees them on CPU too (:func:`gpattn_ppl.run.benchmarking.sync_counter`).
+it sees them on CPU too (:func:`tests.sync.sync_counter`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from gpattn_ppl import linalg, settings
 from gpattn_ppl.attention import ATTENTION, build_attention
 from gpattn_ppl.infer import PyroProgram, fit_epoch
 from gpattn_ppl.models import build_model
-from gpattn_ppl.run.benchmarking import sync_counter
+from tests.sync import sync_counter
 
 
 def test_the_counter_sees_a_sync_and_nothing_else():

@@ -12,7 +12,7 @@ from gpattn_ppl.metrics import (
     expected_calibration_error,
     maximum_calibration_error,
 )
-from gpattn_ppl.metrics.calibration import _bin_index
+from gpattn_ppl.metrics.calibration import bin_index
 
 D = torch.float64
 
@@ -68,7 +68,7 @@ def test_first_bin_takes_lowest_confidence():
     p = torch.full((1, 15), 1 / 15, dtype=D)
     assert calibration_bins(p, torch.tensor([3]))["count"][0].item() == 1.0
     # and conf = 0 (not reachable top-label, but part of the definition) is bin 1 too
-    assert _bin_index(torch.tensor([0.0, 1.0, 1.0 + 1e-9], dtype=D), 15).tolist() == [0, 14, 14]
+    assert bin_index(torch.tensor([0.0, 1.0, 1.0 + 1e-9], dtype=D), 15).tolist() == [0, 14, 14]
 
 
 def test_matches_naive_reference_including_edges(probs_factory):

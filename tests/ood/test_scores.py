@@ -117,5 +117,6 @@ def test_missing_or_bad_inputs():
 def test_all_is_complete():
     assert set(ood_pkg.__all__) == {"DETECTOR_NAMES", "SCORE_NAMES", "ood_score",
                                     "kl_matching_templates", "ood_report", "SHIFT_METRICS",
-                                    "CGPT_CATEGORIES", "shift_summary"}
+                                    "CGPT_CATEGORIES", "shift_summary", "OOD_DETECTORS",
+                                    "OODDetector", "DETECTOR_NEEDS", "register_ood_detector"}
     assert all(hasattr(ood_pkg, n) for n in ood_pkg.__all__)

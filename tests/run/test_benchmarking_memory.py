@@ -12,9 +12,9 @@ from gpattn_ppl.run.benchmarking import (
     build_unit,
     layer_inputs,
     peak_memory,
-    sync_counter,
     train_step,
 )
+from tests.sync import sync_counter
 
 F32 = torch.float32
 

@@ -16,9 +16,9 @@ from gpattn_ppl.run.benchmarking import (
     build_unit,
     layer_inputs,
     peak_memory,
-    sync_counter,
     train_step,
 )
+from tests.sync import sync_counter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
