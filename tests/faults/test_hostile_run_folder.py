@@ -472,3 +472,22 @@ def test_predict_on_a_txt_drops_the_bom_and_splits_only_at_newlines(run, tmp_pat
     assert main(["predict", str(run), "--input", str(plain)]) == 0
     alone = json.loads(capsys.readouterr().out)["probs"]
     assert alone == pytest.approx(records[0]["probs"], abs=1e-6)  # batch-size rounding only
+
+
+def test_compare_reusing_a_folder_with_a_hostile_predictions_file_runs_nothing(tmp_path, capsys):
+    """``compare`` over its own folder reuses finished runs (their results.json) and pools their
+    ``predictions.pt`` for the deep ensemble: a crafted one there is refused unread."""
+    cfg = copy.deepcopy(TINY)
+    cfg["train"].update(epochs=1, device="cpu")
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    argv = ["compare", str(path), "--seeds", "0", "1", "--ensemble", "2", "--out",
+            str(tmp_path / "cmp"), "--no-progress", "--no-plots"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    marker = tmp_path / "pwned"
+    victim = tmp_path / "cmp" / "m" / "seed1" / "predictions.pt"
+    _hostile(victim, marker, torch.load(victim, weights_only=True))
+    line = cli_error(capsys, main(argv))
+    tried("hostile checkpoint")
+    assert f"refused {victim}" in line and not marker.exists()
