@@ -1,9 +1,10 @@
 """Datasets, splits and input encoders; start with :func:`load_data`.
 
 Each reader module (:mod:`~gpattn_ppl.data.cola`, :mod:`~gpattn_ppl.data.imdb`,
-:mod:`~gpattn_ppl.data.cifar`, and for your own files :mod:`~gpattn_ppl.data.tabular`
-(``csv``, ``jsonl``) and :mod:`~gpattn_ppl.data.image_folder`) registers its dataset on import
-with :func:`~gpattn_ppl.data.registry.register_dataset`, as the attention units do. New inputs
+:mod:`~gpattn_ppl.data.clinc150`, :mod:`~gpattn_ppl.data.cifar`, and for your own files
+:mod:`~gpattn_ppl.data.tabular` (``csv``, ``jsonl``) and :mod:`~gpattn_ppl.data.image_folder`)
+registers its dataset on import with :func:`~gpattn_ppl.data.registry.register_dataset`, as the
+attention units do. New inputs
 are encoded like a bundle's splits by :func:`encoder_from_state` of ``bundle.encoder_state``.
 
 >>> from gpattn_ppl.data import load_data
@@ -21,6 +22,12 @@ from .cifar import (
     augment,
     decode_jpeg_array,
     read_cifar10,
+)
+from .clinc150 import (
+    CLINC150_FILES,
+    CLINC150_NEAR_OOD_DOMAINS,
+    clinc150_held_out_domains,
+    read_clinc150,
 )
 from .cola import COLA_CLASSES, COLA_FILES, bundled_cola_root, read_cola
 from .corruptions import (
@@ -65,6 +72,8 @@ __all__ = [
     "CIFAR10_CLASSES",
     "CIFAR10_MEAN",
     "CIFAR10_STD",
+    "CLINC150_FILES",
+    "CLINC150_NEAR_OOD_DOMAINS",
     "COLA_CLASSES",
     "CORRUPTIONS",
     "CORRUPTION_CATEGORIES",
@@ -90,6 +99,7 @@ __all__ = [
     "augment",
     "bundled_cola_root",
     "check_labels",
+    "clinc150_held_out_domains",
     "corrupt",
     "corrupted_sets",
     "cut",
@@ -105,6 +115,7 @@ __all__ = [
     "photo_patches",
     "pool",
     "read_cifar10",
+    "read_clinc150",
     "read_cola",
     "read_cr",
     "read_image",

@@ -151,6 +151,10 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
                                                ``photo_patches``, ``gaussian_noise``,
                                                ``uniform_noise`` (no download:
                                                :mod:`~gpattn_ppl.data.vision_ood`)
+    ``clinc150``      ``standard``             15,000 / 3,000 / 4,500 in-scope; ``oos`` (1,000)
+    ``clinc150``      ``near_ood``             12,000 / 2,400 / 3,600 (2 of 10 domains held out,
+                                               by ``split_seed``); ``held_out_domains`` (900),
+                                               ``oos`` (1,000)
     ``csv``           ``given``                ``train_file`` / ``val_file`` / ``test_file``
                                                (a missing one: a seeded stratified 10% of
                                                ``train_file``); ``ood_files``

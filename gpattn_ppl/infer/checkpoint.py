@@ -176,10 +176,11 @@ def init_from(model: torch.nn.Module, source: str | Path) -> dict:
 
     Tensors whose name and shape match are copied; the rest keep their initialisation. Returns
     ``{"loaded": [...], "missing": [...], "unexpected": [...], "shape_mismatch": [...],
-    "source": path, "share": s}`` with ``s`` the share of the model's tensor elements loaded.
+    "source": path, "share": s}`` with ``s`` the share of the model's parameter elements loaded
+    (buffers are copied when they match but not counted).
 
     :raises CheckpointError: when the loaded tensors fill less than
-        :data:`WARM_START_MIN_SHARE` of the model's elements (a checkpoint of another
+        :data:`WARM_START_MIN_SHARE` of the model's parameter elements (a checkpoint of another
         architecture; 0 tensors was the silent no-op warm start of the public CGPT code). The
         message counts what matched.
     """
@@ -197,12 +198,15 @@ def init_from(model: torch.nn.Module, source: str | Path) -> dict:
                 loaded.append(name)
             else:
                 mismatch.append(name)
-    total = sum(t.numel() for t in own.values())
-    share = sum(own[n].numel() for n in loaded) / max(total, 1)
+    # the share counts parameters (buffers such as SNGP's precision matrix are state, not
+    # what a warm start carries over)
+    params = {name for name, _ in model.named_parameters()}
+    total = sum(t.numel() for n, t in own.items() if n in params)
+    share = sum(own[n].numel() for n in loaded if n in params) / max(total, 1)
     if share < WARM_START_MIN_SHARE:
         raise CheckpointError(
             f"warm start from {path} matched {len(loaded)} of {len(own)} tensors ({share:.0%} of "
-            f"the model's elements; {len(mismatch)} with another shape), below the "
+            f"the model's parameters; {len(mismatch)} with another shape), below the "
             f"{WARM_START_MIN_SHARE:.0%} a warm start needs: a checkpoint of another model")
     model.load_state_dict(own)
     return {"loaded": loaded, "missing": sorted(set(own) - set(state)),

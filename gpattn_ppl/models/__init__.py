@@ -14,10 +14,28 @@ from ..schema import (  # the config-schema engine, re-exported here as before
     read_yaml_mapping,
 )
 from .build import assemble_model, build_model
-from .classifier import TransformerClassifier, resolve_block_attention
+from .classifier import HEADS, SNGPHostMixin, TransformerClassifier, resolve_block_attention
 from .hf import FREEZE, POOLING, HFClassifier, load_hf_encoder
 from .host import AttentionHost, PrefixCache
-from .spec import MODEL_SCHEMA, check_attention, check_model, check_value, validate_model_spec
+from .sngp import (
+    SNGP_DEFAULTS,
+    RandomFeatureGP,
+    SpectralNormLinear,
+    build_sngp_head,
+    mean_field_logits,
+    residual_linears,
+    sngp_heads,
+    sngp_options,
+    spectral_normalize,
+)
+from .spec import (
+    MODEL_SCHEMA,
+    SNGP_SCHEMA,
+    check_attention,
+    check_model,
+    check_value,
+    validate_model_spec,
+)
 from .swap import (
     HOSTS,
     AttentionLayer,
@@ -35,11 +53,14 @@ from .text import TextClassifier
 from .vit import ViTClassifier
 
 __all__ = ["AttentionHost", "AttentionLayer", "BertAttentionAdapter", "ConfigError",
-           "ConfigLoader", "FREEZE", "HFClassifier", "HOSTS", "MAX_CONFIG_BYTES",
+           "ConfigLoader", "FREEZE", "HEADS", "HFClassifier", "HOSTS", "MAX_CONFIG_BYTES",
            "MAX_CONFIG_DEPTH", "MAX_VALUE_DEPTH", "MAX_VALUE_ITEMS", "MODEL_SCHEMA",
-           "MultiheadAttentionAdapter", "Option", "POOLING", "PrefixCache", "SelfAttentionAdapter",
+           "MultiheadAttentionAdapter", "Option", "POOLING", "PrefixCache", "RandomFeatureGP",
+           "SNGPHostMixin", "SNGP_DEFAULTS", "SNGP_SCHEMA", "SelfAttentionAdapter", "SpectralNormLinear",
            "TextClassifier", "TransformerClassifier", "ViTClassifier", "assemble_model",
-           "attention_units", "build_model", "calibrate_swapped", "check_attention", "check_model",
-           "check_plain", "check_section", "check_value", "find_attention_layers",
-           "gap_to_softmax", "key_mask", "load_hf_encoder", "load_yaml", "read_yaml_mapping",
-           "resolve_block_attention", "swap_attention", "validate_model_spec"]
+           "attention_units", "build_model", "build_sngp_head", "calibrate_swapped",
+           "check_attention", "check_model", "check_plain", "check_section", "check_value",
+           "find_attention_layers", "gap_to_softmax", "key_mask", "load_hf_encoder", "load_yaml",
+           "mean_field_logits", "read_yaml_mapping", "residual_linears",
+           "resolve_block_attention", "sngp_heads", "sngp_options", "spectral_normalize",
+           "swap_attention", "validate_model_spec"]

@@ -56,15 +56,18 @@ def assemble_model(model: dict, **fill):
             m[key] = value
     if m["num_classes"] is None:
         raise ConfigError("model.num_classes: not set (give it in the spec or from the data)")
+    # the output layer: linear, or SNGP's random-feature GP (its options only then)
+    head = {"head": m.get("head", "linear"),
+            "sngp": m.get("sngp") if m.get("head", "linear") == "sngp" else None}
     if m["arch"] == "hf":
         from .hf import HFClassifier
         return HFClassifier(num_classes=m["num_classes"], checkpoint=m["checkpoint"],
                             pooling=m["pooling"], freeze=m["freeze"], swap=m["swap"],
-                            mc_dropout=m["mc_dropout"])
+                            mc_dropout=m["mc_dropout"], **head)
     attention = resolve_block_attention(m["depth"], m["attention"], m["overrides"])
     common = dict(num_classes=m["num_classes"], dim=m["dim"], depth=m["depth"], heads=m["heads"],
                   mlp_dim=m["mlp_dim"], dropout=m["dropout"], attention=attention,
-                  mc_dropout=m["mc_dropout"], attn_dropout=m["attn_dropout"])
+                  mc_dropout=m["mc_dropout"], attn_dropout=m["attn_dropout"], **head)
     if m["arch"] == "text":
         if (m["vocab_size"] is None) == (m["feature_dim"] is None):
             raise ConfigError("model: a text model needs exactly one of vocab_size or feature_dim")

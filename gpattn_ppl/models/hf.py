@@ -16,7 +16,9 @@ from torch import nn
 
 from ..attention import AttentionUnit, MCDropout
 from ..data.pretrained import resolve_checkpoint
+from .classifier import SNGPHostMixin
 from .host import AttentionHost
+from .sngp import residual_linears
 from .swap import attention_units, calibrate_swapped, find_attention_layers, swap_attention
 
 __all__ = ["FREEZE", "POOLING", "HFClassifier", "load_hf_encoder"]
@@ -61,8 +63,9 @@ def _mc_dropouts(module: nn.Module) -> None:
             _mc_dropouts(child)
 
 
-class HFClassifier(AttentionHost):
-    r"""A pretrained encoder, pooled, with a linear head: ``logits = W\,\mathrm{pool}(h) + b``.
+class HFClassifier(SNGPHostMixin, AttentionHost):
+    r"""A pretrained encoder, pooled, with a linear head: ``logits = W\,\mathrm{pool}(h) + b``
+    (or SNGP's random-feature GP head, ``head="sngp"``).
 
     Inputs are the checkpoint's word-piece ids ``x [B, N]`` (long) with ``mask [B, N]`` (bool,
     True on real tokens), as the ``hf`` data encoder makes them.
@@ -81,12 +84,18 @@ class HFClassifier(AttentionHost):
     :param mc_dropout: keep every dropout active at evaluation (the encoder's ``nn.Dropout``
         modules become :class:`~gpattn_ppl.attention.MCDropout`; BERT's attention-probability
         dropout is functional and stays off at evaluation).
+    :param head: ``"linear"`` or ``"sngp"``: the random-Fourier-feature GP output layer
+        (:class:`~gpattn_ppl.models.sngp.RandomFeatureGP`) and, with ``sngp["spectral_norm"]``,
+        spectral normalisation of the encoder's residual dense layers (the attention output, or a
+        swapped unit's ``out``, and the feed-forward layers; not the embeddings, the pooler or
+        the attention input projections), as BERT-SNGP.
+    :param sngp: the options of the SNGP head (:data:`~gpattn_ppl.models.sngp.SNGP_DEFAULTS`).
     """
 
     def __init__(self, *, num_classes: int, checkpoint: str | Path | None = None,
                  encoder: nn.Module | None = None, pooling: str = "mean",
                  freeze: str = "none", swap: Sequence[dict] = (), dropout: float | None = None,
-                 mc_dropout: bool = False) -> None:
+                 mc_dropout: bool = False, head: str = "linear", sngp: dict | None = None) -> None:
         super().__init__()
         if (checkpoint is None) == (encoder is None):
             raise ValueError("HFClassifier needs exactly one of checkpoint or encoder")
@@ -115,7 +124,8 @@ class HFClassifier(AttentionHost):
                 self.swap_records.append(r)
         p = getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.1))
         self.dropout = MCDropout(float(p if dropout is None else dropout))
-        self.head = nn.Linear(self.dim, num_classes)
+        self.head = self._init_sngp(head, sngp, self.dim, num_classes,
+                                    lambda: residual_linears(self.encoder, "encoder."))
         _mc_dropouts(self.encoder)
         for path, unit in self.attention_units().items():
             unit.site_prefix = path

@@ -33,8 +33,9 @@ from ..schema import (  # the engine's names stay importable from here (the old 
     load_yaml,  # noqa: F401
     read_yaml_mapping,  # noqa: F401
 )
+from .sngp import SNGP_DEFAULTS
 
-__all__ = ["MODEL_SCHEMA", "check_attention", "check_model", "check_value",
+__all__ = ["MODEL_SCHEMA", "SNGP_SCHEMA", "check_attention", "check_model", "check_value",
            "validate_model_spec"]
 
 _NUM = (int, float)
@@ -75,8 +76,28 @@ MODEL_SCHEMA: dict[str, Option] = {
     "checkpoint": Option((str, _NONE), None), "pooling": Option(str, "mean", ("cls", "mean")),
     "freeze": Option(str, "none", ("none", "embeddings", "all-but-swapped")),
     "swap": Option(list, [], free=True),
+    # the output layer: linear, or SNGP's random-Fourier-feature GP with spectrally normalised
+    # residual layers (models/sngp.py, docs/derivations/sngp.rst); model.sngp applies to it only
+    "head": Option(str, "linear", ("linear", "sngp")),
+    "sngp": Option(dict, {}, free=True),
 }
 
+
+#: key -> :class:`Option` of ``model.sngp`` (the options of ``head: sngp``, checked by
+#: :func:`check_model`; defaults :data:`~gpattn_ppl.models.sngp.SNGP_DEFAULTS`)
+SNGP_SCHEMA: dict[str, Option] = {
+    "num_features": _at_least(1, default=SNGP_DEFAULTS["num_features"], high=MAX_DIM),
+    "ridge": Option(_NUM, SNGP_DEFAULTS["ridge"], low=0, low_open=True, high=1e12),
+    "mean_field_factor": Option(_NUM, SNGP_DEFAULTS["mean_field_factor"], low=0, high=1e6),
+    "length_scale": Option(_NUM, SNGP_DEFAULTS["length_scale"], low=0, low_open=True,
+                           high=1e6),
+    "spectral_norm": Option(bool, SNGP_DEFAULTS["spectral_norm"]),
+    "norm_bound": Option(_NUM, SNGP_DEFAULTS["norm_bound"], low=0, low_open=True, high=1e6),
+    # None: the exact sum over each epoch (reset at its start); m: a moving average
+    "momentum": Option(_NUM + (_NONE,), SNGP_DEFAULTS["momentum"], low=0, high=1,
+                       high_open=True),
+}
+_SNGP_DEFAULT_SECTION = {k: SNGP_DEFAULTS[k] for k in SNGP_SCHEMA}
 
 # -- values against type annotations -------------------------------------------------------------
 
@@ -320,6 +341,13 @@ def check_model(model: dict) -> None:
     if model["arch"] == "vit" and model["image_size"] % model["patch_size"]:
         raise ConfigError(f"model.image_size ({model['image_size']}) must be a multiple of "
                           f"model.patch_size ({model['patch_size']})")
+    if not isinstance(model["sngp"], dict):
+        raise ConfigError("model.sngp: expected a mapping")
+    model["sngp"] = check_section(model["sngp"], SNGP_SCHEMA, "model.sngp")
+    if model["head"] != "sngp" and model["sngp"] != _SNGP_DEFAULT_SECTION:
+        changed = next(k for k, v in model["sngp"].items() if v != _SNGP_DEFAULT_SECTION[k])
+        raise ConfigError(f"model.sngp.{changed}: applies to model.head 'sngp' only (head is "
+                          f"{model['head']!r}); set model.head: sngp")
     if model["dim"] % model["heads"]:
         raise ConfigError(f"model.dim ({model['dim']}) must be a multiple of model.heads "
                           f"({model['heads']})")

@@ -27,11 +27,12 @@ class TextClassifier(TransformerClassifier):
                  feature_dim: int | None = None, max_len: int = 64, dim: int = 128,
                  depth: int = 2, heads: int = 4, mlp_dim: int = 256, dropout: float = 0.1,
                  attention: dict | list[dict] | None = None, mc_dropout: bool = False,
-                 attn_dropout: float | None = None) -> None:
+                 attn_dropout: float | None = None, head: str = "linear",
+                 sngp: dict | None = None) -> None:
         super().__init__(num_classes=num_classes, dim=dim, depth=depth, heads=heads,
                          mlp_dim=mlp_dim, dropout=dropout,
                          attention=attention or {"kind": "softmax"}, mc_dropout=mc_dropout,
-                         attn_dropout=attn_dropout)
+                         attn_dropout=attn_dropout, head=head, sngp=sngp)
         if (vocab_size is None) == (feature_dim is None):
             raise ValueError("TextClassifier needs exactly one of vocab_size (token ids) or "
                              "feature_dim (pretrained per-token features)")

@@ -23,11 +23,12 @@ class ViTClassifier(TransformerClassifier):
                  channels: int = 3, dim: int = 128, depth: int = 5, heads: int = 4,
                  mlp_dim: int = 128, dropout: float = 0.1,
                  attention: dict | list[dict] | None = None, mc_dropout: bool = False,
-                 attn_dropout: float | None = None) -> None:
+                 attn_dropout: float | None = None, head: str = "linear",
+                 sngp: dict | None = None) -> None:
         super().__init__(num_classes=num_classes, dim=dim, depth=depth, heads=heads,
                          mlp_dim=mlp_dim, dropout=dropout,
                          attention=attention or {"kind": "softmax"}, mc_dropout=mc_dropout,
-                         attn_dropout=attn_dropout)
+                         attn_dropout=attn_dropout, head=head, sngp=sngp)
         if image_size % patch_size:
             raise ValueError(f"image_size {image_size} is not a multiple of patch_size {patch_size}")
         self.image_size, self.patch_size, self.channels = image_size, patch_size, channels

@@ -11,6 +11,8 @@
   reader of a run folder (weights only, schemas, cross-file checks);
 * :mod:`~gpattn_ppl.run.evaluate` -- test and OOD metrics of a trained program (and
   temperature scaling);
+* :mod:`~gpattn_ppl.run.laplace` -- last-layer Laplace of the classifier head (laplace-torch,
+  imported on use);
 * :mod:`~gpattn_ppl.run.predictor` -- :func:`~gpattn_ppl.run.predictor.load_run`: predict with a
   trained run;
 * :mod:`~gpattn_ppl.run.output` -- strict JSON and the one run summary;
@@ -51,7 +53,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "config": ("Config", "ConfigError", "SCHEMA", "apply_overrides", "check_extras",
                "load_config", "requires_extras", "validate_config"),
     "demo": ("DEMO_PRESETS", "demo_encoder", "demo_methods", "run_demo", "verdict"),
-    "evaluate": ("check_ood_names", "evaluate_model", "evaluate_predictions", "temper"),
+    "evaluate": ("check_ood_names", "evaluate_laplace", "evaluate_model",
+                 "evaluate_predictions", "temper"),
+    "laplace": ("HESSIANS", "LINKS", "LastLayerLaplace", "fit_last_layer_laplace",
+                "head_features", "laplace_predictions"),
     "output": ("dumps", "strict", "summary"),
     "plugins": ("ENTRY_POINT_GROUP", "import_plugins", "imported_plugins", "load_entry_points"),
     "predictor": ("Predictor", "load_run", "read_inputs"),

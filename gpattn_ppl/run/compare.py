@@ -65,7 +65,9 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
 
     Runs evaluated with temperature scaling (``eval.temperature_scaling``) add a row
     ``"<method> + TS"`` right after their method's row, computed from their ``"ts"`` results
-    (same runs, tempered predictive; the cost columns are the method's own).
+    (same runs, tempered predictive; the cost columns are the method's own); runs evaluated
+    with last-layer Laplace (``eval.laplace``) add a row ``"<method> + LLA"`` after those, from
+    their ``"laplace"`` results, in the same way.
 
     Each row maps every column title to ``(mean, std)``; ``"values"`` holds the per-run values
     (for significance tests) and ``"best detector"`` names the detector of
@@ -76,6 +78,8 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
         with_ts[method] = results
         if results and all("ts" in r for r in results):
             with_ts[f"{method} + TS"] = [{**r, **r["ts"]} for r in results]
+        if results and all("laplace" in r for r in results):
+            with_ts[f"{method} + LLA"] = [{**r, **r["laplace"]} for r in results]
     rows = []
     for method, results in with_ts.items():
         row = {"method": method, "runs": len(results)}

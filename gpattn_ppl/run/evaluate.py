@@ -6,6 +6,11 @@ With ``eval.temperature_scaling`` one temperature :math:`\tau` is fitted on the 
 reported a second time, under ``"ts"``, for the tempered predictive
 :math:`\frac1T\sum_t \mathrm{softmax}(\ell_t/\tau)`: for stochastic units the temperature
 scales each pass's logits before the passes are averaged.
+
+With ``eval.laplace`` (``probit`` or ``mc``) a last-layer Laplace approximation of the
+classifier head is fitted on the training split (:mod:`gpattn_ppl.run.laplace`; the prior
+precision by marginal likelihood unless ``eval.laplace_prior`` fixes it) and every metric is
+reported a third time, under ``"laplace"``, for its predictive, by the same report as ``"ts"``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from ..metrics.temperature import TemperatureWarning
 from ..ood import kl_matching_templates, ood_report
 from ..schema import ConfigError
 
-__all__ = ["check_ood_names", "evaluate_model", "evaluate_predictions", "temper"]
+__all__ = ["check_ood_names", "evaluate_laplace", "evaluate_model", "evaluate_predictions",
+           "temper"]
 
 
 def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[str] | None = None
@@ -34,8 +40,10 @@ def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[st
     :param cfg: a validated config (its ``eval`` and ``data`` sections are read).
     :param ood: OOD set names (default: ``eval.ood``, else every OOD set of the bundle).
     :returns: ``{"warnings", "test", "ood": {name: {"classification", "detection"}},
-        ["temperature_scaling", "ts": {"test", "ood"}], "_predictions": {"test", "val", <ood
-        name>...}}``; ``classification`` is ``None`` for an OOD set without labels.
+        ["temperature_scaling", "ts": {"test", "ood"}], ["laplace": {..., "test", "ood"}],
+        "_predictions": {"test", "val", <ood name>...}}``; ``classification`` is ``None`` for
+        an OOD set without labels. The Laplace predictive's predictions are not among
+        ``_predictions`` (``predictions.pt`` holds the network's own).
     :raises ValueError: an OOD set the bundle does not have.
     """
     e, d = cfg["eval"], cfg["data"]
@@ -46,8 +54,33 @@ def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[st
     for name in names:
         preds[name] = predict(program, bundle.ood[name], **kw)
     out = evaluate_predictions(preds, cfg, names)
+    if e["laplace"] is not None:
+        out["laplace"], caught = evaluate_laplace(program.net, bundle, cfg, device, names)
+        out["warnings"] += caught
     out["_predictions"] = preds
     return out
+
+
+def evaluate_laplace(net, bundle, cfg: dict, device, names: list[str]) -> tuple[dict, list[str]]:
+    """Fit the last-layer Laplace approximation of ``net`` on the training split and report
+    its predictive (:func:`gpattn_ppl.run.laplace.laplace_predictions`, options from
+    ``cfg["eval"]``) on the test and OOD sets ``names``, as :func:`evaluate_predictions`
+    reports ``"ts"``.
+
+    :returns: ``({"prior_precision", "link", "samples", "hessian", "fitted_on": "train",
+        "features": "posterior_mean", "n_train", "fit_seconds", "predict_seconds",
+        "val_nll_map", "val_nll", "test", "ood"}, warnings)``; ``val_nll_map`` is the NLL on
+        the validation split of the softmax of the same (posterior-mean) network's head.
+    """
+    from .laplace import laplace_predictions
+
+    lla, preds, info = laplace_predictions(net, bundle, cfg, device, names)
+    report = _report(preds, cfg["eval"], names)
+    val = preds["val"]
+    out = {**lla.summary(), **info,
+           "val_nll": negative_log_likelihood(val["probs"].mean(0), val["labels"]),
+           "test": report["test"], "ood": report["ood"]}
+    return out, lla.warnings
 
 
 def check_ood_names(names: list[str] | None, bundle, where: str = "eval.ood") -> None:

@@ -291,11 +291,15 @@ class Trainer:
         t = self.cfg["train"]
         gen = torch.Generator().manual_seed(t["seed"] * 1_000_003 + self.epoch)
         self.last_checks = {}
-        return fit_epoch(self.program, self.optimizer, self._batches(gen),
-                         scheduler=self.scheduler, grad_clip=t["grad_clip"],
-                         clock=epoch_clock(self.epoch, self.steps_per_epoch), progress=progress,
-                         step_losses=self.step_losses, epoch=self.epoch + 1,
-                         checks=self.last_checks)
+        # epoch hooks of the network (an SNGP head resets / combines its precision)
+        getattr(self.net, "on_train_epoch_start", lambda: None)()
+        stats = fit_epoch(self.program, self.optimizer, self._batches(gen),
+                          scheduler=self.scheduler, grad_clip=t["grad_clip"],
+                          clock=epoch_clock(self.epoch, self.steps_per_epoch), progress=progress,
+                          step_losses=self.step_losses, epoch=self.epoch + 1,
+                          checks=self.last_checks)
+        getattr(self.net, "on_train_epoch_end", lambda: None)()
+        return stats
 
     def _numerics_row(self) -> dict:
         """This epoch's jitter escalations and the objective checks not warned about before in

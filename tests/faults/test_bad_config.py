@@ -35,7 +35,9 @@ def _leaves(schema: dict, prefix: str = ""):
             yield path, spec
 
 
-NUMERIC = {path: spec for path, spec in _leaves(SCHEMA) if spec.numeric}
+#: numeric keys (a key that takes a name or a number, eval.laplace_prior, is a name-valued key
+#: for strings: its wrong-type draws would be names, refused by name, not by type)
+NUMERIC = {path: spec for path, spec in _leaves(SCHEMA) if spec.numeric and str not in spec.types}
 
 
 def _nested(path: str, value) -> dict:

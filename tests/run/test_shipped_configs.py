@@ -84,14 +84,25 @@ def _hide(monkeypatch, modules) -> None:
 
 
 def test_the_extras_table_matches_pyproject():
-    """Every package :data:`EXTRAS` names is declared in that extra of pyproject.toml."""
+    """Every package :data:`EXTRAS` names is declared in that extra of pyproject.toml, or is
+    one of its :data:`NO_DEPS` packages (installed with ``--no-deps``, named in the README's
+    install line of that extra and nowhere in pyproject.toml, where pip would resolve their
+    torchvision requirement)."""
     import tomllib
+
+    from gpattn_ppl.run.config import NO_DEPS
 
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
+    readme = (REPO / "README.md").read_text()
     for extra, packages in EXTRAS.items():
         names = {re.split(r"[<>=!~\[ ]", d)[0].lower() for d in declared[extra]}
-        assert {dist for _, dist in packages} <= names, extra
+        no_deps = {re.split(r"[<>=!~\[ ]", d)[0].lower() for d in NO_DEPS.get(extra, ())}
+        assert {dist for _, dist in packages} <= names | no_deps, extra
+        assert not no_deps & {re.split(r"[<>=!~\[ ;]", d)[0].lower()
+                              for ds in declared.values() for d in ds}, extra
+        if extra in NO_DEPS:
+            assert f"pip install --no-deps {' '.join(NO_DEPS[extra])}" in readme, extra
 
 
 @pytest.mark.parametrize("path", CONFIGS, **_ID)
