@@ -114,7 +114,7 @@ def new_manifest(bundle, warm_start: dict | None = None) -> dict:
     """The ``run.json`` of a new run on ``bundle``: sizes, classes, data fingerprint, recorded
     plugins, the warm start's summary and the files the run may write
     (:mod:`~gpattn_ppl.run.rundir`)."""
-    from .. import __version__
+    from .._version import __version__
 
     ws = None if warm_start is None else {
         "source": warm_start["source"], "loaded": len(warm_start["loaded"]),

@@ -66,7 +66,7 @@ def _version() -> str:
     try:
         return version("gpattn-ppl")
     except PackageNotFoundError:  # running from a source tree that is not installed
-        from .. import __version__
+        from .._version import __version__
 
         return __version__
 

@@ -510,7 +510,7 @@ def plan_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: st
 
 
 def _write_manifest(plan: ComparePlan, files: set[str]) -> None:
-    from .. import __version__
+    from .._version import __version__
     from .rundir import write_json_atomic
 
     plan.owned |= files
