@@ -31,7 +31,8 @@ from .errors import GpattnError
 
 __all__ = ["ConfigError", "ConfigLoader", "MAX_CONFIG_BYTES", "MAX_CONFIG_DEPTH",
            "MAX_VALUE_DEPTH", "MAX_VALUE_ITEMS", "Option", "check_plain", "check_section",
-           "describe_value", "load_yaml", "read_yaml_mapping", "yaml_problem"]
+           "DuplicateKeyError", "describe_value", "load_yaml", "read_yaml_mapping",
+           "refuse_duplicate_keys", "yaml_problem"]
 
 class ConfigError(GpattnError, ValueError):
     """An invalid configuration; the message names the key path."""
@@ -156,6 +157,25 @@ for _tag, _regexp, _first in (
                   r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", "-+.0123456789"),
         ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""])):
     ConfigLoader.add_implicit_resolver(f"{_YAML}{_tag}", re.compile(_regexp), list(_first))
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object names a key twice (``json`` would silently keep the last); ``key`` is it."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def refuse_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    """``object_pairs_hook`` of :func:`json.loads`: the object as a dict, refusing a repeated key
+    (:class:`DuplicateKeyError`), as :class:`ConfigLoader` refuses one in YAML."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
 
 
 def load_yaml(text: str):

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from ..errors import DataError
+from ..schema import DuplicateKeyError, refuse_duplicate_keys
 
 _INT = re.compile(r"[+-]?[0-9]+")
 
@@ -61,18 +62,6 @@ def utf8_lines(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def _refuse_duplicates(where: str):
-    def hook(pairs: list[tuple[str, object]]) -> dict:
-        out: dict = {}
-        for key, value in pairs:
-            if key in out:
-                raise DataError(f"{where}: duplicate key {key!r} in a JSON object; each key may "
-                                "appear once")
-            out[key] = value
-        return out
-    return hook
-
-
 def json_line(line: str, where: str):
     """One JSON value of a JSON-lines file; ``where`` names the file and line in errors.
 
@@ -80,7 +69,10 @@ def json_line(line: str, where: str):
         would silently keep the last).
     """
     try:
-        return json.loads(line, object_pairs_hook=_refuse_duplicates(where))
+        return json.loads(line, object_pairs_hook=refuse_duplicate_keys)
+    except DuplicateKeyError as err:
+        raise DataError(f"{where}: duplicate key {err.key!r} in a JSON object; each key may "
+                        "appear once") from None
     except json.JSONDecodeError as err:
         raise DataError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
 

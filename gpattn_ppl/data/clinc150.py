@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DataError
+from ..schema import DuplicateKeyError, refuse_duplicate_keys
 from ._files import decode_utf8, read_bytes
 from .registry import RawData, register_dataset
 from .splits import seeded_permutation
@@ -62,19 +63,6 @@ CLINC150_NEAR_OOD_DOMAINS = 2
 #: the keys of ``data_full.json`` the dataset reads (``oos_train`` / ``oos_val`` are ignored).
 _SPLITS = ("train", "val", "test", "oos_test")
 _OOS = "oos"
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
 
 
 def _skip_ws(text: str, pos: int) -> int:
@@ -94,7 +82,7 @@ def _object_of_lists(path: Path) -> dict[str, list[tuple[object, int]]]:
     text = decode_utf8(path, read_bytes(path))
     if text.startswith("\ufeff"):
         text = text[1:]
-    decoder = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+    decoder = json.JSONDecoder(object_pairs_hook=refuse_duplicate_keys)
     newlines = [m.start() for m in re.finditer("\n", text)]
 
     def line(pos: int) -> int:
@@ -109,8 +97,8 @@ def _object_of_lists(path: Path) -> dict[str, list[tuple[object, int]]]:
         except json.JSONDecodeError as err:
             raise DataError(f"{path}, line {err.lineno}: invalid JSON ({err.msg} at column "
                             f"{err.colno})") from None
-        except _DuplicateKey as err:
-            fail(pos, f"duplicate key {err.args[0]!r} in a JSON object (in the value starting "
+        except DuplicateKeyError as err:
+            fail(pos, f"duplicate key {err.key!r} in a JSON object (in the value starting "
                       "here); each key may appear once")
 
     out: dict[str, list[tuple[object, int]]] = {}

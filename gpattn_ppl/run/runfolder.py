@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..schema import refuse_duplicate_keys
 from .rundir import IGNORED_KEYS, RunFolderError, _first_line, config_differences, read_manifest
 
 __all__ = ["RunFolder", "open_run", "written_run"]
@@ -54,7 +55,7 @@ class RunFolder:
             return None
         try:
             return json.loads(path.read_text(encoding="utf-8"),
-                              object_pairs_hook=_unique_keys(path))
+                              object_pairs_hook=refuse_duplicate_keys)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as err:
             raise RunFolderError(f"{path} is corrupt: {_first_line(err)}") from None
 
@@ -215,18 +216,6 @@ def _validated_or_raw(cfg: dict) -> dict:
         return dict(validate_config(cfg, extras=False))
     except ConfigError:
         return cfg
-
-
-def _unique_keys(path: Path):
-    def hook(pairs):
-        seen = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise ValueError(f"duplicate key {key!r}")
-            seen.add(key)
-        return dict(pairs)
-
-    return hook
 
 
 def written_run(run_dir: str | Path, cfg) -> RunFolder:

@@ -53,6 +53,7 @@ from .config import VALIDATION_METRICS, Config, check_device_available, load_con
 from .evaluate import check_ood_names
 from .results import evaluate_best
 from .rundir import (
+    RUN_FILES,
     RunFolderError,
     acquire_lock,
     check_run_folder,
@@ -200,9 +201,7 @@ class Trainer:
         if self.action == "fresh":
             clear_run_files(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("run.json", "config.yaml", "encoder.json", "last.pt", "best.pt", "log.csv",
-                     "history.json", "results.json", "calibration.json", "predictions.pt",
-                     "swap.json"):  # temporaries left by a process killed mid-write
+        for name in RUN_FILES:  # temporaries left by a process killed mid-write
             for orphan in self.run_dir.glob(f".{name}.*.tmp"):
                 orphan.unlink(missing_ok=True)
         # a resumed run keeps the files it has (the check found them equal); a run killed while
