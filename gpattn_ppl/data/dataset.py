@@ -53,17 +53,40 @@ class ArrayDataset:
     def __len__(self) -> int:
         return int(self.y.shape[0])
 
+    @property
+    def device(self) -> torch.device:
+        """Where the examples are held (batches are gathered there)."""
+        return self.x.device
+
+    def to(self, device: torch.device | str) -> ArrayDataset:
+        """The same dataset held on ``device``: images stay uint8 and token ids long there, and
+        :meth:`batch` gathers, normalises and augments on it (no host copy per batch). The
+        lengths stay on the host too, so trimming a text batch reads no device value."""
+        device = torch.device(device)
+        if self.x.device == device:
+            return self
+        out = ArrayDataset.__new__(ArrayDataset)
+        out.__dict__.update(self.__dict__)
+        out.x, out.y = self.x.to(device), self.y.to(device)
+        out._host_lengths = self.lengths
+        out.lengths = None if self.lengths is None else self.lengths.to(device)
+        return out
+
     def batch(self, index: torch.Tensor, *, train: bool = False,
               generator: torch.Generator | None = None) -> Batch:
         """The examples at ``index`` as a :class:`Batch`; text is trimmed to the longest in it."""
         index = torch.as_tensor(index, dtype=torch.long)
+        host = index
+        if self.x.device != index.device:  # a resident dataset (to): gather on its device
+            index = index.to(self.x.device, non_blocking=True)
         x = self.x[index]
         mask = None
         if self.lengths is not None:
             lengths = self.lengths[index]
-            n = int(lengths.max())
+            host_lengths = getattr(self, "_host_lengths", None)
+            n = int((lengths if host_lengths is None else host_lengths[host]).max())
             x = x[:, :n]
-            mask = torch.arange(n).unsqueeze(0) < lengths.unsqueeze(1)
+            mask = torch.arange(n, device=x.device).unsqueeze(0) < lengths.unsqueeze(1)
         if self.transform is not None:
             x = self.transform(x)
         if train and self.augment is not None:
@@ -80,7 +103,7 @@ class ArrayDataset:
 
     def subset(self, index: torch.Tensor, name: str | None = None) -> ArrayDataset:
         """A new dataset with the rows at ``index`` (same augmentation and transform)."""
-        index = torch.as_tensor(index, dtype=torch.long)
+        index = torch.as_tensor(index, dtype=torch.long, device=self.x.device)
         return ArrayDataset(self.x[index], self.y[index],
                             None if self.lengths is None else self.lengths[index],
                             name=name or self.name, augment=self.augment,

@@ -8,6 +8,7 @@ encodes text (learned word vocabulary or frozen MiniLM features) or wraps images
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import operator
@@ -83,6 +84,13 @@ class DataBundle:
     encoder_state: dict = field(default_factory=dict)
     #: the version-1 digest (splits only) that run folders written before OOD sets counted hold
     fingerprint_v1: str = ""
+
+    def to(self, device: torch.device | str) -> DataBundle:
+        """The same bundle with every split and OOD set held on ``device``
+        (:meth:`~gpattn_ppl.data.dataset.ArrayDataset.to`; ``data.resident``)."""
+        return dataclasses.replace(self, train=self.train.to(device), val=self.val.to(device),
+                                   test=self.test.to(device),
+                                   ood={k: v.to(device) for k, v in self.ood.items()})
 
 
 def data_fingerprint(name: str, protocol: str, x: list[str] | torch.Tensor, y: torch.Tensor,

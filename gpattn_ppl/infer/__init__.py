@@ -6,6 +6,8 @@
   learning-rate schedule :func:`lr_lambda`;
 * :mod:`~gpattn_ppl.infer.predictive` -- :func:`predict`, T stochastic passes (each one
   :func:`program_pass`);
+* :mod:`~gpattn_ppl.infer.precision` -- ``fp32`` / ``bf16`` / ``fp16`` autocast and the fp16
+  gradient scaler;
 * :mod:`~gpattn_ppl.infer.checkpoint` -- atomic checkpoints, RNG states, warm starts.
 """
 
@@ -31,11 +33,12 @@ from .fit import (
     lr_lambda,
     objective_checks,
 )
+from .precision import PRECISIONS, autocast, grad_scaler
 from .predictive import predict, program_pass
 from .program import PyroProgram
 
-__all__ = ["CheckpointError", "LOSS_RANGE", "PyroProgram", "TERM_HINTS", "TERM_RATIO",
-           "UnsafeCheckpointError", "WARM_START_MIN_SHARE", "atomic_write", "epoch_clock", "fit_epoch", "init_from",
+__all__ = ["CheckpointError", "LOSS_RANGE", "PRECISIONS", "PyroProgram", "TERM_HINTS", "TERM_RATIO",
+           "UnsafeCheckpointError", "WARM_START_MIN_SHARE", "atomic_write", "autocast", "epoch_clock", "fit_epoch", "grad_scaler", "init_from",
            "load_checkpoint", "load_predictions", "load_pt", "lr_lambda",
            "objective_checks", "predict", "program_pass", "rng_state", "save_atomic",
            "set_rng_state"]

@@ -23,6 +23,7 @@ from .. import linalg, settings
 from ..errors import DivergenceError
 from ..linalg import CholeskyError, NonFiniteError
 from ..ppl import OBJECTIVE_WEIGHTS
+from .precision import autocast
 from .program import PyroProgram
 
 __all__ = ["LOSS_RANGE", "TERM_HINTS", "TERM_RATIO", "epoch_clock", "fit_epoch", "lr_lambda",
@@ -57,7 +58,8 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
               scheduler=None, grad_clip: float | None = None,
               clock: Callable[[int], float] | None = None, progress=None,
               step_losses: list | None = None, epoch: int | float | None = None,
-              checks: dict | None = None) -> dict[str, float]:
+              checks: dict | None = None, precision: str = "fp32",
+              scaler: torch.amp.GradScaler | None = None) -> dict[str, float]:
     """One pass of optimiser steps over ``batches``.
 
     Per step ``i``, in this order: draw the batch (the iterable may be lazy, so its random
@@ -83,6 +85,13 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
     :param epoch: named in the error when training diverges (default: ``clock(0)``).
     :param checks: a dict receiving ``{key: message}`` of :func:`objective_checks` on this
         pass's means (an objective term or the loss out of its usual range).
+    :param precision: ``fp32``, ``bf16`` or ``fp16``: the loss (the forward pass) runs under
+        :func:`~gpattn_ppl.infer.precision.autocast` (the GP algebra stays in
+        :class:`~gpattn_ppl.settings.gp_dtype`); the backward follows the forward's dtypes.
+    :param scaler: a :class:`torch.amp.GradScaler` (``fp16``,
+        :func:`~gpattn_ppl.infer.precision.grad_scaler`): the loss is scaled before
+        ``backward``, the gradients unscaled before clipping, and a step with overflowing
+        gradients skipped (one more host read per step).
     :returns: ``{"loss": mean loss, "nll": mean cross-entropy, "term/<name>": mean of each
         objective term, "checked_reruns": steps re-run with the checks on}`` (``nll`` when the
         program records it).
@@ -100,11 +109,13 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
     for i, b in enumerate(batches):
         if clock is not None:
             program.set_epoch(clock(i))
-        loss, value = _fast_loss(program, b)
+        with autocast(precision, b.x.device):
+            loss, value = _fast_loss(program, b)
         if loss is None:  # a factorisation failed or the loss is not finite: check everything
             reruns += 1
             try:
-                loss = program.loss(b.x, b.mask, b.y, b.index)
+                with autocast(precision, b.x.device):
+                    loss = program.loss(b.x, b.mask, b.y, b.index)
             except (ValueError, CholeskyError) as err:
                 _raise_if_diverged(err, program, epoch, i)
                 raise
@@ -112,10 +123,18 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
             if not math.isfinite(value):
                 raise DivergenceError(_divergence_message(program, epoch, i, value))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), grad_clip)
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), grad_clip)
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            if grad_clip:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(net.parameters(), grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
         if scheduler is not None:
             scheduler.step()
         loss_sum += value

@@ -14,6 +14,7 @@ import pyro.poutine as poutine
 import torch
 
 from ..settings import posterior_mean
+from .precision import autocast
 from .program import PyroProgram
 
 __all__ = ["predict", "program_pass"]
@@ -21,8 +22,8 @@ __all__ = ["predict", "program_pass"]
 
 @torch.no_grad()
 def predict(program: PyroProgram, dataset, *, num_samples: int = 10, batch_size: int = 256,
-            device: torch.device | str = "cpu", mean: bool = False, limit: int | None = None
-            ) -> dict[str, torch.Tensor]:
+            device: torch.device | str = "cpu", mean: bool = False, limit: int | None = None,
+            precision: str = "fp32") -> dict[str, torch.Tensor]:
     """Per-pass class probabilities and logits on ``dataset``.
 
     Deterministic networks are run once (T = 1); stochastic ones ``num_samples`` times, each pass
@@ -30,6 +31,8 @@ def predict(program: PyroProgram, dataset, *, num_samples: int = 10, batch_size:
 
     :param mean: use the units' posterior means (one pass) instead of samples.
     :param limit: evaluate only the first ``limit`` examples (smoke runs).
+    :param precision: the passes run under :func:`~gpattn_ppl.infer.precision.autocast`
+        (``fp32``: none); logits are returned as float32, probabilities computed in float64.
     :returns: ``{"probs": [T, n, K], "logits": [T, n, K], "labels": [n]}`` on the CPU.
     """
     net = program.net
@@ -39,7 +42,7 @@ def predict(program: PyroProgram, dataset, *, num_samples: int = 10, batch_size:
     logits, labels = [], []
     n = len(dataset) if limit is None else min(limit, len(dataset))
     try:
-        with posterior_mean(mean):
+        with posterior_mean(mean), autocast(precision, device):
             for start in range(0, n, batch_size):
                 idx = torch.arange(start, min(start + batch_size, n))
                 b = dataset.batch(idx).to(device)

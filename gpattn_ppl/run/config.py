@@ -104,6 +104,11 @@ def _check_device(value: str, where: str) -> None:
                           "cuda:N (N = 0, 1, ...), mps")
 
 
+def _check_resident(value, where: str) -> None:
+    if not isinstance(value, bool) and value != "auto":
+        raise ConfigError(f"{where}: must be auto, true or false, got {value!r}")
+
+
 def _check_dataset(value: str, where: str) -> None:
     from ..data import DATASETS
 
@@ -227,6 +232,9 @@ SCHEMA: dict[str, Any] = {
         "corruptions": Option((str, list, _NONE), None, check=_check_corruptions),
         # ... applied to a seeded, label-stratified subset of this many test images (None: all)
         "corruption_images": _positive((int, _NONE)),
+        # keep every split on the training device (uint8 images, token ids; batches gathered,
+        # augmented and normalised there): auto = on CUDA
+        "resident": Option((str, bool), "auto", check=_check_resident),
     },
     "train": {
         "epochs": _positive(default=50), "lr": Option(_NUM, 5e-4, low=0, low_open=True),
@@ -250,6 +258,13 @@ SCHEMA: dict[str, Any] = {
         "objective": Option(dict, {}, free=True, check=_check_objective),
         "init_from": Option((str, _NONE), None),
         "progress": Option(bool, True), "device": Option(str, "auto", check=_check_device),
+        # autocast precision of training and of the run's evaluation passes (fp16 adds a
+        # gradient scaler); the GP algebra stays in settings.gp_dtype (gpattn_ppl/infer/precision.py)
+        "precision": Option(str, "fp32", ("fp32", "bf16", "fp16")),
+        # wall-clock budget of the run in minutes (None: train.epochs): after the first epoch the
+        # number of epochs is set from its measured time, and every epoch-denominated schedule is
+        # compressed to end with it (gpattn_ppl/run/budget.py)
+        "max_minutes": Option(_NUM + (_NONE,), None, low=0, low_open=True),
     },
     "eval": {
         "mc_samples": _positive(default=10),

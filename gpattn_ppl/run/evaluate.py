@@ -47,7 +47,8 @@ def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[st
     :raises ValueError: an OOD set the bundle does not have.
     """
     e, d = cfg["eval"], cfg["data"]
-    kw = dict(num_samples=e["mc_samples"], batch_size=d["eval_batch_size"], device=device)
+    kw = dict(num_samples=e["mc_samples"], batch_size=d["eval_batch_size"], device=device,
+              precision=cfg["train"]["precision"])
     names = ood if ood is not None else (e["ood"] if e["ood"] is not None else list(bundle.ood))
     check_ood_names(names, bundle)
     preds = {"val": predict(program, bundle.val, **kw), "test": predict(program, bundle.test, **kw)}

@@ -76,7 +76,7 @@ class Predictor:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             out = predict(self.program, dataset, num_samples=T, batch_size=batch_size,
-                          device=self.device)
+                          device=self.device, precision=self.config["train"]["precision"])
         return torch.softmax(out["logits"].double() / self.temperature, -1)
 
     def predict(self, inputs, *, samples: int | None = None, batch_size: int = 256,

@@ -30,10 +30,13 @@ __all__ = ["draw_run_plots", "evaluate_best", "evaluate_run", "numerics_summary"
 
 def evaluate_best(folder: RunFolder, cfg: dict, bundle, net, program, device, rank: int, *,
                   history: list, select_metric: str, ood: list[str] | None,
-                  data_warning: str | None = None) -> dict:
+                  data_warning: str | None = None, budget: dict | None = None) -> dict:
     """Load ``best.pt`` of ``folder`` into ``net`` (its config checked against
     ``config.yaml``), evaluate, write ``results.json``, ``predictions.pt`` and (with temperature
-    scaling) ``calibration.json``. The caller holds the folder's lock."""
+    scaling) ``calibration.json``. The caller holds the folder's lock.
+
+    :param budget: the run's :class:`~gpattn_ppl.run.budget.BudgetPlan` as a dict
+        (``train.max_minutes``), written under ``"budget"``."""
     run_dir = folder.path
     state = folder.load_weights(net, "best.pt", map_location=device)
     # the MC passes of the evaluation are seeded: train and a later evaluate give equal numbers
@@ -71,6 +74,8 @@ def evaluate_best(folder: RunFolder, cfg: dict, bundle, net, program, device, ra
                        "eval_seconds": eval_seconds,
                        "run_seconds": (sum(seconds) + sum(val_seconds) + eval_seconds
                                        if timed else None)}
+    if budget is not None:
+        results["budget"] = budget
     warm_start = folder.manifest.get("warm_start")
     if warm_start is not None:
         results["warm_start"] = warm_start

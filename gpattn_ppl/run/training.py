@@ -31,8 +31,8 @@ from .. import linalg
 from ..errors import NumericsWarning
 from ..infer import (
     atomic_write,
-    epoch_clock,
     fit_epoch,
+    grad_scaler,
     lr_lambda,
     predict,
     rng_state,
@@ -49,6 +49,7 @@ from .assembly import (
     parameter_groups,
     selection_metric,
 )
+from .budget import BudgetPlan, plan_budget
 from .config import VALIDATION_METRICS, Config, check_device_available, load_config
 from .evaluate import check_ood_names
 from .results import evaluate_best
@@ -63,7 +64,13 @@ from .rundir import (
 from .runfolder import written_run
 from .runtime import barrier, init_distributed, seed_everything, select_device
 
-__all__ = ["Trainer", "step0_terms"]
+__all__ = ["Trainer", "resident_data", "step0_terms"]
+
+
+def resident_data(setting: bool | str, device: torch.device) -> bool:
+    """Whether the splits are moved to ``device`` once (``data.resident``; ``auto``: on CUDA,
+    where a per-batch host gather and copy would leave the GPU waiting)."""
+    return device.type == "cuda" if setting == "auto" else bool(setting)
 
 
 def _validated(config, overrides: list[str] | None) -> dict:
@@ -116,6 +123,7 @@ class Trainer:
     def __init__(self, config, run_dir: str | Path, *, overrides: list[str] | None = None,
                  bundle=None, resume: bool = False, force: bool = False,
                  label: str | None = None) -> None:
+        self._t0 = time.perf_counter()  # train.max_minutes counts from here
         self.cfg = _validated(config, overrides)
         check_device_available(self.cfg["train"]["device"])
         self.run_dir = Path(run_dir)
@@ -145,6 +153,8 @@ class Trainer:
         self.device = select_device(self.cfg["train"]["device"], self.rank)
         seed_everything(self.cfg["train"]["seed"])
         self.bundle = bundle if bundle is not None else load_bundle(self.cfg)
+        if resident_data(self.cfg["data"]["resident"], self.device):
+            self.bundle = self.bundle.to(self.device)
         # a run killed after run.json, before config.yaml, trained nothing: resuming it is
         # starting it; otherwise run.json (and encoder.json) must say the same data
         if self.action == "resume" and (self.run_dir / "config.yaml").is_file():
@@ -165,16 +175,54 @@ class Trainer:
                                  fused=self.device.type in ("cpu", "cuda"))
         self.steps_per_epoch = math.ceil(math.ceil(self.num_data / self.world)
                                          / self.cfg["data"]["batch_size"])
-        total = self.steps_per_epoch * t["epochs"]
-        warm = int(round(t["warmup_epochs"] * self.steps_per_epoch))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(t["schedule"], total, warm, t["min_lr"] / t["lr"]))
+        self.scaler = grad_scaler(t["precision"], self.device)
+        #: train.max_minutes: the plan made after the first epoch (None: no budget, or not yet)
+        self.budget: BudgetPlan | None = None
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda())
         self.epoch, self.history, self.step_losses = 0, [], []
         self.best = {"epoch": -1, "score": None}
         #: keys of the objective checks already warned about (once per run, across resumes)
         self.warned: list[str] = []
         #: the last epoch's objective checks (:func:`~gpattn_ppl.infer.objective_checks`)
         self.last_checks: dict[str, str] = {}
+
+    @property
+    def epochs(self) -> int:
+        """The epochs this run trains: ``train.epochs``, or the budget's ``E'``."""
+        return self.cfg["train"]["epochs"] if self.budget is None else self.budget.epochs
+
+    @property
+    def compression(self) -> float:
+        """``r``: every epoch-denominated schedule runs ``r`` times faster (budget; else 1)."""
+        return 1.0 if self.budget is None else self.budget.compression
+
+    def _lr_lambda(self):
+        """The learning-rate multiplier per step: warm-up and decay over :attr:`epochs`, the
+        warm-up compressed with them (:mod:`~gpattn_ppl.run.budget`)."""
+        t = self.cfg["train"]
+        warm = int(round(t["warmup_epochs"] / self.compression * self.steps_per_epoch))
+        return lr_lambda(t["schedule"], self.steps_per_epoch * self.epochs, warm,
+                         t["min_lr"] / t["lr"])
+
+    def _plan_budget(self, epoch_s: float, val_s: float) -> None:
+        """After the first epoch: the epochs that fit in ``train.max_minutes``
+        (:func:`~gpattn_ppl.run.budget.plan_budget`) and the compressed schedules."""
+        t, e = self.cfg["train"], self.cfg["eval"]
+        b = self.bundle
+        n_val = len(b.val)
+        names = e["ood"] if e["ood"] is not None else list(b.ood)
+        n_eval = n_val + len(b.test) + sum(len(b.ood[n]) for n in names)
+        T_val = t["val_mc_samples"] or e["mc_samples"]
+        eval_s = val_s * n_eval / n_val * (e["mc_samples"] / T_val if self.net.stochastic else 1)
+        now = time.perf_counter() - self._t0
+        plan = [plan_budget(t["max_minutes"], t["epochs"], elapsed_s=now, epoch_s=epoch_s,
+                            setup_s=now - epoch_s, eval_estimate_s=eval_s)]
+        if self.world > 1:  # every rank trains rank 0's number of epochs
+            import torch.distributed as dist
+
+            dist.broadcast_object_list(plan, src=0)
+        self.budget = plan[0]
+        self.scheduler.lr_lambdas[0] = self._lr_lambda()
 
     def close(self, *, refused: bool = False) -> None:
         """Release the run folder's lock (:meth:`fit` does at its end); ``refused``: nothing was
@@ -193,7 +241,9 @@ class Trainer:
         return {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "epoch": self.epoch,
                 "history": self.history, "step_losses": self.step_losses, "best": self.best,
-                "rng": rng_state(), "config": self.cfg, "warned": self.warned}
+                "rng": rng_state(), "config": self.cfg, "warned": self.warned,
+                "scaler": None if self.scaler is None else self.scaler.state_dict(),
+                "budget": None if self.budget is None else self.budget.as_dict()}
 
     def _write_static(self) -> None:
         """``run.json`` (first: it lists every file the run may write), ``config.yaml`` and
@@ -235,6 +285,11 @@ class Trainer:
         self.epoch, self.history = state["epoch"], state["history"]
         self.step_losses, self.best = state["step_losses"], state["best"]
         self.warned = list(state.get("warned", []))
+        if state.get("budget") is not None:  # the plan of the first epoch stays
+            self.budget = BudgetPlan(**state["budget"])
+            self.scheduler.lr_lambdas[0] = self._lr_lambda()
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         return True
 
@@ -292,11 +347,13 @@ class Trainer:
         self.last_checks = {}
         # epoch hooks of the network (an SNGP head resets / combines its precision)
         getattr(self.net, "on_train_epoch_start", lambda: None)()
+        # the program's clock (objective-weight schedules), compressed under a budget
+        r, e, spe = self.compression, self.epoch, self.steps_per_epoch
         stats = fit_epoch(self.program, self.optimizer, self._batches(gen),
                           scheduler=self.scheduler, grad_clip=t["grad_clip"],
-                          clock=epoch_clock(self.epoch, self.steps_per_epoch), progress=progress,
+                          clock=lambda i: r * (e + i / spe), progress=progress,
                           step_losses=self.step_losses, epoch=self.epoch + 1,
-                          checks=self.last_checks)
+                          checks=self.last_checks, precision=t["precision"], scaler=self.scaler)
         getattr(self.net, "on_train_epoch_end", lambda: None)()
         return stats
 
@@ -326,7 +383,8 @@ class Trainer:
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.cfg["train"]["seed"] + 7919 * self.epoch)
             pred = predict(self.program, self.bundle.val, num_samples=T,
-                           batch_size=self.cfg["data"]["eval_batch_size"], device=self.device)
+                           batch_size=self.cfg["data"]["eval_batch_size"], device=self.device,
+                           precision=self.cfg["train"]["precision"])
         return classification_report(pred["probs"], pred["labels"], logits=pred["logits"],
                                      metrics=list(VALIDATION_METRICS))
 
@@ -360,12 +418,12 @@ class Trainer:
         linalg.reset_numerics_stats(warned=True)  # each place warns once in this run
         t = self.cfg["train"]
         higher = HIGHER_IS_BETTER.get(self.select_metric, True)
-        bar = tqdm(total=self.steps_per_epoch * t["epochs"], initial=self.steps_per_epoch * self.epoch,
+        bar = tqdm(total=self.steps_per_epoch * self.epochs, initial=self.steps_per_epoch * self.epoch,
                    disable=not t["progress"] or self.rank != 0, desc=self.label, leave=False)
         try:
-            while self.epoch < t["epochs"] and not self.patience_exhausted():
+            while self.epoch < self.epochs and not self.patience_exhausted():
                 linalg.reset_numerics_stats()
-                start = time.perf_counter()
+                epoch_start = start = time.perf_counter()
                 train_stats = self.train_epoch(bar)
                 seconds = time.perf_counter() - start
                 reruns = train_stats.pop("checked_reruns", 0)
@@ -392,6 +450,9 @@ class Trainer:
                     save_atomic(self._state(), self.run_dir / "last.pt")
                     self._write_logs()
                 barrier(self.world)
+                if t["max_minutes"] is not None and self.budget is None:
+                    self._plan_budget(time.perf_counter() - epoch_start, val_seconds)
+                    bar.total = self.steps_per_epoch * self.epochs
                 bar.set_postfix(loss=f"{train_stats['loss']:.3f}",
                                 **{self.select_metric: f"{score:.3f}"})
             return self.evaluate()
@@ -423,4 +484,5 @@ class Trainer:
         """Evaluate ``best.pt`` on test and OOD sets; writes ``results.json`` and predictions."""
         return evaluate_best(written_run(self.run_dir, self.cfg), self.cfg, self.bundle, self.net,
                              self.program, self.device, self.rank, history=self.history,
-                             select_metric=self.select_metric, ood=ood)
+                             select_metric=self.select_metric, ood=ood,
+                             budget=None if self.budget is None else self.budget.as_dict())
