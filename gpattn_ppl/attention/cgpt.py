@@ -127,7 +127,8 @@ class _CorrelatedAttention(AttentionUnit):
             built.append(gp.predictive(t, v))
             return built[0]
 
-        z = self.sample("z", predictive, local=True, mean=lambda: gp.mean(t, v))
+        with gp_precision(x.device.type):    # the draw in the GP dtype, W_O under autocast
+            z = self.sample("z", predictive, local=True, mean=lambda: gp.mean(t, v))
         nu = built[0].mean if built else z
         return self.proj_dropout(self.out(self.merge_heads(z.to(x.dtype)))), nu
 
@@ -201,11 +202,13 @@ class CGPTAttention(_CorrelatedAttention):
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v, x_o = self.project(x)
-        t = self.gp.terms(q, k, x_o, mask, where=self._where())
+        with gp_precision(x.device.type):
+            t = self.gp.terms(q, k, x_o, mask, where=self._where())
         out, nu = self._emit(self.gp, t, v, x)
         if self.training and self.cgp_loss != "none":
-            bound = self.gp.lower_bound(t, nu, v, self.cgp_loss, self.cgp_samples,
-                                        observation_noise=self.cgp_observation_noise)
+            with gp_precision(x.device.type):
+                bound = self.gp.lower_bound(t, nu, v, self.cgp_loss, self.cgp_samples,
+                                            observation_noise=self.cgp_observation_noise)
             self._add_cgp_term(bound, mask, x.shape[1], x.dtype)
         return out
 

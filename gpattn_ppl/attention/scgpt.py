@@ -7,6 +7,7 @@ from typing import Literal
 import torch
 
 from ..gp.sparse_correlated_gp import SparseCorrelatedGP
+from ..linalg import gp_precision
 from .cgpt import _CorrelatedAttention
 from .registry import register_attention
 
@@ -107,9 +108,12 @@ class SCGPTAttention(_CorrelatedAttention):
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v, x_o = self.project(x)
-        self._maybe_init_inducing(x_o, k, mask)
-        t = self.gp.terms(q, k, x_o, mask, where=self._where())
+        with gp_precision(x.device.type):
+            self._maybe_init_inducing(x_o, k, mask)
+            t = self.gp.terms(q, k, x_o, mask, where=self._where())
         out, nu = self._emit(self.gp, t, v, x)
         if self.training and self.cgp_loss != "none":
-            self._add_cgp_term(self.gp.lower_bound(t, nu, v), mask, x.shape[1], x.dtype)
+            with gp_precision(x.device.type):
+                bound = self.gp.lower_bound(t, nu, v)
+            self._add_cgp_term(bound, mask, x.shape[1], x.dtype)
         return out

@@ -27,11 +27,18 @@ def sample_gumbel(shape, *, dtype=None, device=None) -> torch.Tensor:
     float32, probability :math:`6 \cdot 10^{-8}`). Uniforms plus two logarithms are several
     times faster on CPU than ``Tensor.exponential_``.
 
+    A lower ``dtype`` (bfloat16, float16 under autocast) is drawn and transformed in float32
+    and rounded at the end: bfloat16 uniforms have 8 significant bits, which would leave a few
+    hundred distinct draws and cut the upper tail at ~5.5.
+
     :param shape: output shape.
     :returns: a tensor of iid Gumbel(0, 1) draws.
     """
-    u = torch.rand(shape, dtype=dtype, device=device)
-    return u.clamp_min_(torch.finfo(u.dtype).tiny).log_().neg_().log_().neg_()   # in place
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    work = torch.promote_types(dtype, torch.float32)
+    u = torch.rand(shape, dtype=work, device=device)
+    g = u.clamp_min_(torch.finfo(work).tiny).log_().neg_().log_().neg_()   # in place
+    return g if work == dtype else g.to(dtype)
 
 
 def relaxed_scores(logits: torch.Tensor, temperature: torch.Tensor | float,

@@ -282,7 +282,9 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
         real = (torch.ones(B, N, dtype=torch.bool, device=x_o.device) if mask is None
                 else mask).reshape(-1).nonzero().squeeze(-1)
         for param, src in ((self.inducing_m, x_o), (self.inducing_l, k)):
-            flat = src.detach().transpose(0, 1).reshape(H, B * N, D)[:, real]
+            # at least float32 (a bfloat16 x_o under autocast: the statistics in float32)
+            src = src.detach().to(torch.promote_types(src.dtype, torch.float32))
+            flat = src.transpose(0, 1).reshape(H, B * N, D)[:, real]
             n_real, size = flat.shape[1], param.shape[1]
             if n_real >= size:
                 idx = torch.randperm(n_real, generator=generator)[:size]

@@ -97,6 +97,8 @@ class PyroProgram:
         plate = self._plate(x.shape[0], index)
         with site_context(SiteContext(self.mode, "model", plate, self.weight)):
             logits = self.forward_module(x, mask)
+        if logits.dtype in (torch.bfloat16, torch.float16):  # the likelihood in float32
+            logits = logits.float()
         self.last_terms, self.last_scales = {}, {}
         for name, value in self.net.objective_terms().items():
             self.last_terms[name] = value.detach().mean()
