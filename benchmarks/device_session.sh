@@ -10,12 +10,13 @@
 # paper_runs.json (benchmarks/paper_runs.py), paper_runs.log.
 #
 #   bash benchmarks/device_session.sh OUT [MINUTES] [CHECK_S]
+# CHECK_ARGS adds arguments of device_check.py (a CPU rehearsal: CHECK_ARGS=--smoke).
 # EXTRA_SET adds --set overrides (a CPU rehearsal: EXTRA_SET="model.depth=1 data.limit_train=500").
 # On the device machine, pyro-ppl is carried as wheels in .whl/ and CIFAR-10 in .devdata/.
 set -u
 OUT=${1:?usage: device_session.sh OUT [MINUTES] [CHECK_S]}
-MINUTES=${2:-3.5}
-CHECK_S=${3:-270}
+MINUTES=${2:-3.2}
+CHECK_S=${3:-240}
 UNITS=${UNITS:-"softmax kep_svgp mc_dropout sgpa cgpt h_gumbel"}
 DATA=${DATA:-.devdata/cifar10_jpeg}
 mkdir -p "$OUT/check" /tmp/runs
@@ -36,7 +37,8 @@ python3 -c "from gpattn_ppl.data.cifar import read_cifar10; read_cifar10('$DATA'
   > /tmp/decode.log 2>&1 &
 DECODE=$!
 date +"check start %T"
-timeout -k 10 "$CHECK_S" python3 benchmarks/device_check.py "$OUT/check" --budget-s $((CHECK_S - 25)) 2>&1 \
+timeout -k 10 "$CHECK_S" python3 benchmarks/device_check.py "$OUT/check" --budget-s $((CHECK_S - 25)) \
+  ${CHECK_ARGS:-} 2>&1 \
   | tail -n 70
 wait $DECODE || { echo "decode failed:"; tail -5 /tmp/decode.log; }
 date +"runs start %T"

@@ -40,6 +40,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "assembly": ("MANIFEST_FORMAT", "VALIDATION_METRICS", "build_net", "check_same_data",
                  "data_sizes", "load_bundle", "model_and_program", "new_manifest",
                  "parameter_groups", "selection_metric"),
+    "budget": ("MARGIN", "BudgetPlan", "plan_budget"),
     "benchmarking": ("bench_arg_parser", "bench_device", "bench_layers", "bench_specs",
                      "build_unit", "peak_memory", "provenance",
                      "layer_inputs", "layer_step_time", "loglog_slope", "machine_info",
@@ -71,9 +72,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "shift_report": ("LOWER_IS_BETTER", "OOD_METRICS", "format_ood_markdown",
                      "format_paired_markdown", "format_shift_markdown", "ood_rows", "paired_rows",
                      "severity_plots", "shift_rows"),
-    "runtime": ("barrier", "init_distributed", "peak_memory_mb", "seed_everything",
-                "select_device"),
-    "training": ("Trainer", "step0_terms"),
+    "runtime": ("BACKEND_ENV", "barrier", "distributed_backend", "init_distributed",
+                "peak_memory_mb", "seed_everything", "select_device"),
+    "training": ("Trainer", "resident_data", "step0_terms"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 

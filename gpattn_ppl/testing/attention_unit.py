@@ -12,7 +12,9 @@ of parameters that legitimately get no gradient), ``token_permutation_equivarian
 ``fixed_length`` (the unit is built for one N, e.g. KEP-SVGP's concat merge: the unpadded-sequence
 check becomes "a shorter sequence raises"), ``atol``, ``float32_atol`` (float32 vs float64),
 ``mean_is_expectation`` (the posterior-mean mode returns the expectation of the sampled output;
-false for the Gumbel units, whose mean mode is the modal value) and ``mc_samples``.
+false for the Gumbel units, whose mean mode is the modal value), ``mc_samples`` and ``device``
+(where the unit and its inputs are moved: ``"cuda"`` in ``tests/run/test_cuda_mixin.py``; the
+default ``None`` leaves them where torch creates them).
 
 ``tests/attention/test_registry.py`` runs this mixin over every key of the attention registry,
 so a newly registered unit inherits these checks with its defaults.
@@ -53,6 +55,9 @@ class AttentionUnitTestCase:
     mean_is_expectation: bool = True
     #: samples of the "posterior mean = average of samples" check
     mc_samples: int = 4000
+    #: the device the unit and its inputs are moved to (``None``: left where torch creates
+    #: them, the default device)
+    device: str | None = None
 
     def make_unit(self, dim: int, heads: int):
         """The unit under test, of width ``dim`` with ``heads`` heads; subclasses implement it."""
@@ -61,7 +66,7 @@ class AttentionUnitTestCase:
     # -- helpers ------------------------------------------------------------------------------
     def _unit(self):
         torch.manual_seed(0)
-        unit = self.make_unit(self.dim, self.heads).to(self.dtype)
+        unit = self.make_unit(self.dim, self.heads).to(device=self.device, dtype=self.dtype)
         unit.eval()
         return unit
 
@@ -71,7 +76,10 @@ class AttentionUnitTestCase:
         mask = torch.ones(self.batch, self.seq_len, dtype=torch.bool)
         mask[0, self.seq_len - 2:] = False
         mask[-1, 1:] = False
-        return x, mask
+        return self._on_device(x), self._on_device(mask)
+
+    def _on_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.device is None else t.to(self.device)
 
     def _call(self, unit, x, mask, seed: int = 0, mean: bool | None = None):
         mean = unit.stochastic if mean is None else mean
@@ -117,7 +125,7 @@ class AttentionUnitTestCase:
         """Permuting the sequences of a batch permutes the outputs of the real tokens."""
         unit = self._unit()
         x, mask = self._inputs()
-        perm = torch.tensor([2, 0, 1])
+        perm = self._on_device(torch.tensor([2, 0, 1]))
         a = self._call(unit, x, mask)[perm]
         b = self._call(unit, x[perm], mask[perm])
         torch.testing.assert_close(a[mask[perm]], b[mask[perm]], atol=self.atol, rtol=1e-6)
@@ -129,7 +137,8 @@ class AttentionUnitTestCase:
             pytest.skip("unit mixes tokens by position")
         unit = self._unit()
         x, _ = self._inputs()
-        perm = torch.randperm(self.seq_len, generator=torch.Generator().manual_seed(5))
+        perm = self._on_device(torch.randperm(self.seq_len,
+                                              generator=torch.Generator().manual_seed(5)))
         a = self._call(unit, x, None)[:, perm]
         b = self._call(unit, x[:, perm], None)
         torch.testing.assert_close(a, b, atol=self.atol, rtol=1e-6)
@@ -189,7 +198,8 @@ class AttentionUnitTestCase:
         torch.save(unit.state_dict(), buf)
         buf.seek(0)
         torch.manual_seed(123)
-        other = self.make_unit(self.dim, self.heads).to(self.dtype).eval()
+        other = self.make_unit(self.dim, self.heads).to(device=self.device, dtype=self.dtype)
+        other.eval()
         other.load_state_dict(torch.load(buf))
         x, mask = self._inputs()
         torch.testing.assert_close(self._call(unit, x, mask, seed=4, mean=False),
@@ -215,7 +225,7 @@ class AttentionUnitTestCase:
         x, mask = self._inputs()
         import pyro
 
-        plate = pyro.plate("data", 100, subsample=torch.arange(self.batch))
+        plate = pyro.plate("data", 100, subsample=self._on_device(torch.arange(self.batch)))
         with site_context(SiteContext("sites", "guide", plate)):
             tr = poutine.trace(lambda: unit(x, mask)).get_trace()
         names = [n for n, s in tr.nodes.items() if s["type"] == "sample" and n != "data"]
