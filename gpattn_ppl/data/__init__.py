@@ -13,7 +13,7 @@ are encoded like a bundle's splits by :func:`encoder_from_state` of ``bundle.enc
 ('tokens', 2)
 """
 
-from .batch import Batch
+from .batch import Batch, to_device
 from .cifar import (
     CIFAR10_CLASSES,
     CIFAR10_MEAN,
@@ -131,5 +131,6 @@ __all__ = [
     "seeded_permutation",
     "stratified_split",
     "stratified_subset",
+    "to_device",
     "vision_ood_sets",
 ]

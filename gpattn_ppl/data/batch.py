@@ -6,7 +6,19 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "to_device"]
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device``; a host tensor bound for CUDA goes through pinned memory with a
+    non-blocking copy (from pageable memory the copy blocks the host until the GPU has finished
+    its queued work: a synchronisation per call)."""
+    device = torch.device(device)
+    if t.device == device:
+        return t
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 @dataclass
@@ -27,10 +39,10 @@ class Batch:
     index: torch.Tensor
 
     def to(self, device: torch.device | str) -> Batch:
-        """The same batch on ``device`` (non-blocking where possible)."""
-        mask = None if self.mask is None else self.mask.to(device, non_blocking=True)
-        return Batch(self.x.to(device, non_blocking=True), self.y.to(device, non_blocking=True),
-                     mask, self.index.to(device, non_blocking=True))
+        """The same batch on ``device`` (:func:`to_device`: pinned and non-blocking to CUDA)."""
+        mask = None if self.mask is None else to_device(self.mask, device)
+        return Batch(to_device(self.x, device), to_device(self.y, device), mask,
+                     to_device(self.index, device))
 
     def __len__(self) -> int:
         return int(self.y.shape[0])

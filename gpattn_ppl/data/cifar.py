@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from ..errors import DataError
+from .batch import to_device
 from .corruptions import corrupted_sets, parse_corruption_sets
 from .registry import RawData, register_dataset
 from .splits import cut, seeded_permutation, stratified_subset
@@ -257,6 +258,7 @@ class Normalize:
     def __init__(self, mean: Sequence[float] = CIFAR10_MEAN,
                  std: Sequence[float] = CIFAR10_STD) -> None:
         self.mean, self.std = tuple(map(float, mean)), tuple(map(float, std))
+        self._stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def black(self) -> tuple[float, ...]:
@@ -267,8 +269,11 @@ class Normalize:
         """``x [B, channels, height, width]`` uint8 (0..255) or float (0..1) -> float32
         standardised."""
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-        mean = torch.tensor(self.mean, device=x.device).view(-1, 1, 1)
-        std = torch.tensor(self.std, device=x.device).view(-1, 1, 1)
+        key = str(x.device)
+        if key not in self._stats:  # made once per device: no host copy per batch
+            self._stats[key] = (torch.tensor(self.mean).view(-1, 1, 1).to(x.device),
+                                torch.tensor(self.std).view(-1, 1, 1).to(x.device))
+        mean, std = self._stats[key]
         return (x - mean) / std
 
     def __repr__(self) -> str:
@@ -296,7 +301,7 @@ def augment(x: torch.Tensor, generator: torch.Generator | None = None, *, paddin
     gen_device = generator.device if generator is not None else torch.device("cpu")
     shifts = torch.randint(0, 2 * padding + 1, (2, B), generator=generator, device=gen_device)
     flips = torch.rand(B, generator=generator, device=gen_device) < 0.5
-    shifts, flips = shifts.to(device) - padding, flips.to(device) & flip
+    shifts, flips = to_device(shifts, device) - padding, to_device(flips, device) & flip
     rows = shifts[0, :, None] + torch.arange(height, device=device)  # [B, height] source rows
     cols = shifts[1, :, None] + torch.arange(width, device=device)  # [B, width] source columns
     cols = torch.where(flips[:, None], cols.flip(-1), cols)
@@ -305,7 +310,9 @@ def augment(x: torch.Tensor, generator: torch.Generator | None = None, *, paddin
     batch = torch.arange(B, device=device)[:, None, None]
     out = x[batch, :, rows.clamp(0, height - 1)[:, :, None], cols.clamp(0, width - 1)[:, None, :]]
     out = out.permute(0, 3, 1, 2)  # [B, height, width, channels] -> [B, channels, height, width]
-    value = torch.as_tensor(fill, dtype=x.dtype, device=device)
-    value = value.view(-1, 1, 1) if value.ndim else value
+    if isinstance(fill, (int, float)):
+        value = torch.full((), float(fill), dtype=x.dtype, device=device)
+    else:
+        value = to_device(torch.as_tensor(fill, dtype=x.dtype), device).view(-1, 1, 1)
     return torch.where(inside[:, None], out, value).contiguous()
 

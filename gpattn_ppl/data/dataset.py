@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from .batch import Batch
+from .batch import Batch, to_device
 
 __all__ = ["ArrayDataset"]
 
@@ -78,7 +78,7 @@ class ArrayDataset:
         index = torch.as_tensor(index, dtype=torch.long)
         host = index
         if self.x.device != index.device:  # a resident dataset (to): gather on its device
-            index = index.to(self.x.device, non_blocking=True)
+            index = to_device(index, self.x.device)
         x = self.x[index]
         mask = None
         if self.lengths is not None:

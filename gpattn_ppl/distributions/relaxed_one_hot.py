@@ -148,7 +148,12 @@ class SafeRelaxedOneHotCategorical(TorchDistribution):
         if logits.dim() < 1:
             raise ValueError("logits must have at least one dimension (the categories)")
         self.logits = logits
-        self.temperature = torch.as_tensor(temperature, dtype=logits.dtype, device=logits.device)
+        # a number is filled on the device (torch.tensor(number, device=cuda) copies from
+        # pageable host memory: a host synchronisation per call)
+        self.temperature = (torch.full((), float(temperature), dtype=logits.dtype,
+                                       device=logits.device)
+                            if isinstance(temperature, (int, float)) else
+                            torch.as_tensor(temperature, dtype=logits.dtype, device=logits.device))
         self.straight_through = bool(straight_through)
         batch_shape, event_shape = logits.shape[:-1], logits.shape[-1:]
         if self.temperature.dim() > 0:

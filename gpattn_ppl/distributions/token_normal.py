@@ -70,7 +70,7 @@ class TokenNormal(TorchDistribution):
         self.scale_tril = scale_tril
         self.cov_root = cov_root
         if noise_var is not None and not torch.is_tensor(noise_var):
-            noise_var = torch.tensor(float(noise_var), dtype=loc.dtype, device=loc.device)
+            noise_var = torch.full((), float(noise_var), dtype=loc.dtype, device=loc.device)
         self.noise_var = noise_var
         super().__init__(loc.shape[:-2], loc.shape[-2:], validate_args=validate_args)
 

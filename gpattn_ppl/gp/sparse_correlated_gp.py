@@ -331,7 +331,7 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
         r""":math:`z_q\mid z_k\sim` :class:`TokenNormal` :math:`(\nu, \sigma^2I + RR^\top)`."""
         nu = self.mean(t, v) if mean is None else mean
         return TokenNormal(nu, cov_root=self.cov_root(t),
-                           noise_var=torch.tensor(t.noise_var, dtype=t.dtype, device=t.device),
+                           noise_var=torch.full((), t.noise_var, dtype=t.dtype, device=t.device),
                            where=t.where)
 
     # -- the sparse CGP regulariser -------------------------------------------------------------

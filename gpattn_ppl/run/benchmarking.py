@@ -8,6 +8,7 @@ of one call) watches the aten ops through a ``torch.utils._python_dispatch.Torch
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import platform
 import statistics
@@ -394,6 +395,8 @@ def peak_memory(fn, device: torch.device | str = "cpu") -> dict:
     tracker = _AllocationTracker()
     try:
         if device.type == "cuda":
+            # garbage of earlier work freed inside fn would lower the baseline under the peak
+            gc.collect()
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             before = torch.cuda.memory_allocated(device)
