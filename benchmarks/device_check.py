@@ -37,8 +37,8 @@ runs. Sections (``--sections a b c d``, default all; the machine info always com
   3 x 6 at 256, 2 x 5 at 1024 (after 3 / 2 / 2 warm-up steps). A unit that fails or runs out of
   memory at an N gets its error's first line instead of numbers; the blocks of (N, precision)
   left when the section's budget runs out are skipped (and say so).
-* (c) ``cifar_steps``: each CIFAR-10 paper preset (``experiments/configs/cifar10_paper/*.yaml``,
-  else ``experiments/configs/cifar10/*_paper.yaml``) built as training builds it
+* (c) ``cifar_steps``: each CIFAR-10 paper preset (``experiments/configs/cifar10_paper/*.yaml``)
+  built as training builds it
   (``load_config`` -> ``model_and_program`` -> the trainer's optimiser) on synthetic uint8
   images resident on the device (the real step: gather, normalise, crop + flip, loss, backward,
   optimiser step, through :func:`~gpattn_ppl.infer.fit_epoch` in the preset's precision and
@@ -666,7 +666,9 @@ def _step_probes(step, device, precision: str) -> dict:
             finally:
                 torch.cuda.set_sync_debug_mode(0)
         _sync(device)
-        msgs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()]
+        # the first use of the debug mode also warns that it is a prototype: not a sync
+        msgs = [str(w.message) for w in caught if "synchroniz" in str(w.message).lower()
+                and "prototype feature" not in str(w.message)]
         out["syncs_cuda_warn"] = len(msgs)
         out["cuda_warn_first"] = msgs[0][:200] if msgs else None
     return out
@@ -796,11 +798,9 @@ def section_layers(a, part: Part, deadline: float) -> None:
 def paper_presets() -> list[Path]:
     """The CIFAR-10 paper presets, ``softmax`` first then :data:`PRESET_ORDER`."""
     found = sorted((ROOT / "experiments" / "configs" / "cifar10_paper").glob("*.yaml"))
-    if not found:
-        found = sorted((ROOT / "experiments" / "configs" / "cifar10").glob("*_paper.yaml"))
 
     def rank(p: Path) -> tuple[int, str]:
-        name = p.stem.removesuffix("_paper")
+        name = p.stem
         return (PRESET_ORDER.index(name) if name in PRESET_ORDER else len(PRESET_ORDER), name)
 
     return sorted(found, key=rank)
@@ -915,7 +915,7 @@ def section_cifar(a, part: Part, deadline: float) -> None:
     last = 0.0
     skipped = []
     for path in presets:
-        name = path.stem.removesuffix("_paper")
+        name = path.stem
         left = deadline - time.perf_counter()
         if left < last * 1.2 or left <= 0:
             d["presets"][name] = {"status": "skipped",

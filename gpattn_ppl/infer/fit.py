@@ -88,7 +88,7 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
     :param precision: ``fp32``, ``bf16`` or ``fp16``: the loss (the forward pass) runs under
         :func:`~gpattn_ppl.infer.precision.autocast` (the GP algebra stays in
         :class:`~gpattn_ppl.settings.gp_dtype`); the backward follows the forward's dtypes.
-    :param scaler: a :class:`torch.amp.GradScaler` (``fp16``,
+    :param scaler: a ``torch.amp.GradScaler`` (``fp16``,
         :func:`~gpattn_ppl.infer.precision.grad_scaler`): the loss is scaled before
         ``backward``, the gradients unscaled before clipping, and a step with overflowing
         gradients skipped (one more host read per step).

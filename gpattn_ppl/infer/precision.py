@@ -1,4 +1,4 @@
-"""Training and prediction precision: ``fp32``, ``bf16`` or ``fp16`` through :func:`torch.autocast`.
+"""Training and prediction precision: ``fp32``, ``bf16`` or ``fp16`` through ``torch.autocast``.
 
 Under ``bf16``/``fp16`` the network's linear layers, attention products and MLPs run in the low
 precision while the GP algebra of every unit -- kernel matrices, Cholesky factorisations,
@@ -40,7 +40,7 @@ def _dtype(precision: str) -> torch.dtype | None:
 
 
 def autocast(precision: str, device: torch.device | str):
-    """The context the forward pass runs in: :func:`torch.autocast` on ``device``'s type with
+    """The context the forward pass runs in: ``torch.autocast`` on ``device``'s type with
     ``precision``'s dtype, or a no-op for ``fp32``."""
     dtype = _dtype(precision)
     if dtype is None:
@@ -49,7 +49,7 @@ def autocast(precision: str, device: torch.device | str):
 
 
 def grad_scaler(precision: str, device: torch.device | str) -> torch.amp.GradScaler | None:
-    """A :class:`torch.amp.GradScaler` for ``fp16`` on ``device``'s type; ``None`` otherwise
+    """A ``torch.amp.GradScaler`` for ``fp16`` on ``device``'s type; ``None`` otherwise
     (fp32 and bf16 need none)."""
     _dtype(precision)
     if precision != "fp16":
