@@ -20,8 +20,9 @@ those features (the network is not run again for the fit, the prior or the predi
   learning rate 0.1, from 1), or fixed by ``eval.laplace_prior: <number>``;
 * the GLM predictive :math:`f \sim \mathcal N(f_\mu(x), \Sigma_f(x))` with the link
   ``eval.laplace``: ``probit`` -- one pass of logits :math:`\kappa \odot f_\mu`,
-  :math:`\kappa_k = (1 + \frac\pi8 \Sigma_{f,kk})^{-1/2}` (laplace-torch's probit
-  approximation; ``[1, n, K]``); ``mc`` -- ``eval.laplace_samples`` sampled logits
+  :math:`\kappa_k = (1 + \frac\pi8 (P\Sigma_f P)_{kk})^{-1/2}` (laplace-torch's probit
+  approximation on the covariance centred by :math:`P = I - \frac1K 11^\top`:
+  :func:`centred_covariance`; ``[1, n, K]``); ``mc`` -- ``eval.laplace_samples`` sampled logits
   ``[S, n, K]`` (seeded), so that the metrics of several passes (MI) are defined.
 
 The head's GLM is small (``(C + 1) K`` weights), so the fit and the predictive run on the CPU
@@ -42,8 +43,8 @@ from torch import nn
 from ..schema import ConfigError
 from ..settings import posterior_mean
 
-__all__ = ["HESSIANS", "LINKS", "LastLayerLaplace", "fit_last_layer_laplace", "head_features",
-           "laplace_predictions"]
+__all__ = ["HESSIANS", "LINKS", "LastLayerLaplace", "centred_covariance", "fit_last_layer_laplace",
+           "head_features", "laplace_predictions"]
 
 #: the links of the Laplace predictive (``eval.laplace``)
 LINKS = ("probit", "mc")
@@ -122,6 +123,22 @@ def head_features(net: nn.Module, dataset, *, batch_size: int = 256,
     return torch.cat(feats), torch.cat(labels)
 
 
+def centred_covariance(f_var: torch.Tensor) -> torch.Tensor:
+    r""":math:`P\Sigma P` with :math:`P = I - \frac1K 11^\top`, for ``f_var [n, K, K]``.
+
+    :math:`\mathrm{softmax}(f + c1) = \mathrm{softmax}(f)`, so :math:`f \sim \mathcal N(\mu,
+    \Sigma)` and :math:`f \sim \mathcal N(\mu, P\Sigma P)` give the same predictive (:math:`f -
+    Pf \propto 1`). The softmax's weights are not identified along that direction: the GGN is
+    singular there and a full or Kronecker posterior keeps the prior's variance
+    (:math:`1/\tau` per weight), which the per-logit probit approximation would read as
+    uncertainty of every logit. Measured (6 classes, 3,000 points, full Hessian, marginal-
+    likelihood prior): test NLL 0.637 with the raw diagonal, 0.5988 centred, 0.5989 by 4,000
+    MC samples (``tests/run/test_laplace.py``). With 150 classes (CLINC150) the raw probit gave
+    NLL 1.97 against the MAP's 0.20."""
+    return (f_var - f_var.mean(1, keepdim=True) - f_var.mean(2, keepdim=True)
+            + f_var.mean((1, 2), keepdim=True))
+
+
 class LastLayerLaplace:
     """A fitted last-layer Laplace approximation (:func:`fit_last_layer_laplace`).
 
@@ -151,6 +168,9 @@ class LastLayerLaplace:
             # samples (their probit and MC links are these two formulas)
             f_mu, f_var = self.la._glm_predictive_distribution(f)
             if self.link == "probit":
+                # the variance along 1 (every logit shifted alike) leaves the softmax unchanged
+                # but would shrink every logit in the per-logit probit: centre the covariance
+                f_var = centred_covariance(f_var)
                 kappa = torch.rsqrt(1.0 + torch.pi / 8 * f_var.diagonal(dim1=1, dim2=2))
                 out.append((kappa * f_mu).unsqueeze(0))
             else:

@@ -90,10 +90,17 @@ def test_probit_and_mc_predictives_are_distributions(trained):
         assert pred["probs"].shape == pred["logits"].shape == (passes, n, K)
         assert (pred["probs"] >= 0).all() and torch.isfinite(pred["logits"]).all()
         torch.testing.assert_close(pred["probs"].sum(-1), torch.ones(passes, n, dtype=torch.float64))
-        # laplace-torch's own predictive: the same probabilities (the same draws for mc)
+        # laplace-torch's own predictive: the same draws for mc; for probit its formula on the
+        # centred covariance (its own reads the raw one: less confident, see the next test)
         with torch.enable_grad():
             if link == "probit":
-                own = lla.la(test_phi, pred_type="glm", link_approx="probit").unsqueeze(0)
+                from gpattn_ppl.run.laplace import centred_covariance
+
+                f_mu, f_var = lla.la._glm_predictive_distribution(test_phi)
+                v = centred_covariance(f_var).diagonal(dim1=1, dim2=2)
+                own = torch.softmax(f_mu * torch.rsqrt(1 + torch.pi / 8 * v), -1).unsqueeze(0)
+                raw = lla.la(test_phi, pred_type="glm", link_approx="probit")
+                assert float(raw.max(-1).values.mean()) <= float(own.max(-1).values.mean())
             else:
                 own = lla.la.predictive_samples(test_phi, n_samples=7,
                                                 generator=torch.Generator().manual_seed(3))
@@ -289,3 +296,52 @@ def test_the_library_and_a_fit_never_import_torchvision():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
+
+
+def test_probit_reads_the_centred_covariance_and_matches_monte_carlo():
+    """softmax(f + c 1) = softmax(f): the covariance along 1 changes nothing, yet a full
+    posterior keeps the prior's variance there. The probit link on the centred covariance
+    agrees with many MC samples of the raw one; on the raw diagonal it is underconfident."""
+    from laplace import Laplace
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from gpattn_ppl.run.laplace import centred_covariance
+
+    g = torch.Generator().manual_seed(0)
+    n, C, K = 2000, 6, 5
+    W = torch.randn(K, C, generator=g) * 1.5
+    X, Xt = torch.randn(n, C, generator=g), torch.randn(400, C, generator=g)
+    y = torch.multinomial(torch.softmax(X @ W.T, -1), 1, generator=g).squeeze(1)
+    yt = torch.multinomial(torch.softmax(Xt @ W.T, -1), 1, generator=g).squeeze(1)
+    head = nn.Linear(C, K)
+    opt = torch.optim.LBFGS(head.parameters(), max_iter=100)
+
+    def closure():
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(head(X), y, reduction="sum") \
+            + 0.5 * sum((p ** 2).sum() for p in head.parameters())
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    la = Laplace(nn.Sequential(head), "classification", subset_of_weights="last_layer",
+                 hessian_structure="full", last_layer_name="0", prior_precision=0.5)
+    la.fit(DataLoader(TensorDataset(X, y), batch_size=500))
+    with torch.no_grad():
+        f_mu, f_var = (t.detach() for t in la._glm_predictive_distribution(Xt))
+    centred = centred_covariance(f_var)
+    P = torch.eye(K) - 1.0 / K
+    assert torch.allclose(centred, P @ f_var @ P, atol=1e-5)
+    assert torch.allclose(centred.sum(-1), torch.zeros(400, K), atol=1e-5)  # nothing along 1
+
+    def nll(p):
+        return float(-p.clamp_min(1e-12).log().gather(1, yt[:, None]).mean())
+
+    def probit(v):
+        return torch.softmax(torch.rsqrt(1 + torch.pi / 8 * v.diagonal(dim1=1, dim2=2)) * f_mu, -1)
+
+    L = torch.linalg.cholesky(f_var + 1e-6 * torch.eye(K))
+    z = torch.randn(4000, 400, K, 1, generator=g)
+    mc = torch.softmax(f_mu + (L @ z).squeeze(-1), -1).mean(0)
+    assert abs(nll(probit(centred)) - nll(mc)) < 0.01
+    assert nll(probit(f_var)) > nll(mc) + 0.01
