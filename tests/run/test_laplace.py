@@ -345,3 +345,32 @@ def test_probit_reads_the_centred_covariance_and_matches_monte_carlo():
     mc = torch.softmax(f_mu + (L @ z).squeeze(-1), -1).mean(0)
     assert abs(nll(probit(centred)) - nll(mc)) < 0.01
     assert nll(probit(f_var)) > nll(mc) + 0.01
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_kron_closed_form_is_laplace_torchs_jacobian_path(bias):
+    """Sigma_f of the Kronecker posterior in closed form equals J Sigma J^T of laplace-torch."""
+    from gpattn_ppl.run.laplace import LastLayerLaplace
+
+    g = torch.Generator().manual_seed(1)
+    C, K = 9, 7
+    ds = ArrayDataset(torch.randn(300, 4, C, generator=g), torch.randint(0, K, (300,),
+                                                                       generator=g),
+                      torch.full((300,), 4))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(C, K, bias=bias)
+
+        def forward(self, x, mask):
+            return self.head(x.mean(1))
+
+    lla = fit_last_layer_laplace(Net(), ds, prior=0.3, link="probit")
+    assert isinstance(lla, LastLayerLaplace) and lla.hessian == "kron"
+    phi = torch.randn(11, C, generator=g)
+    mu, var = lla._kron_predictive(phi)
+    with torch.enable_grad():
+        mu_ref, var_ref = lla.la._glm_predictive_distribution(phi)
+    torch.testing.assert_close(mu, mu_ref.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(var, var_ref.detach(), rtol=1e-4, atol=1e-6)
