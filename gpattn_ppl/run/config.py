@@ -193,9 +193,10 @@ def _check_laplace_link(value: str, where: str) -> None:
 
 
 def _check_laplace_prior(value, where: str) -> None:
-    if isinstance(value, str) and value != "marglik":
-        raise ConfigError(f"{where}: {value!r} is not allowed; allowed: marglik (the marginal "
-                          "likelihood's prior precision) or a number > 0 (a fixed one)")
+    if isinstance(value, str) and value not in ("val", "marglik"):
+        raise ConfigError(f"{where}: {value!r} is not allowed; allowed: val (the prior "
+                          "precision of lowest validation NLL), marglik (the marginal "
+                          "likelihood's) or a number > 0 (a fixed one)")
 
 
 def _seed(default: int = 0) -> Option:
@@ -280,7 +281,7 @@ SCHEMA: dict[str, Any] = {
         "laplace": Option((str, _NONE), None, check=_check_laplace_link),
         "laplace_hessian": Option(str, "kron", ("kron", "diag", "full")),
         # the prior precision: maximise the marginal likelihood, or a fixed positive number
-        "laplace_prior": Option((str, int, float), "marglik", low=0, low_open=True,
+        "laplace_prior": Option((str, int, float), "val", low=0, low_open=True,
                                 check=_check_laplace_prior),
         # sampled logits per example of the mc link
         "laplace_samples": _positive(default=100),

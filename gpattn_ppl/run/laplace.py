@@ -15,9 +15,12 @@ those features (the network is not run again for the fit, the prior or the predi
 * ``Laplace(head, "classification", subset_of_weights="last_layer",
   hessian_structure=eval.laplace_hessian)`` (``kron`` by default: the Kronecker-factored GGN),
   ``fit`` on the training split (no augmentation);
-* the prior precision (one scalar) by maximising the marginal likelihood
-  (``optimize_prior_precision(method="marglik")``, laplace-torch's defaults: Adam, 100 steps,
-  learning rate 0.1, from 1), or fixed by ``eval.laplace_prior: <number>``;
+* the prior precision (one scalar): by default the value of a log grid (:data:`PRIOR_GRID`)
+  with the lowest NLL of the predictive on the validation split (``eval.laplace_prior: val``;
+  :meth:`LastLayerLaplace.select_prior` says why not the marginal likelihood), or by maximising
+  the marginal likelihood (``marglik``: ``optimize_prior_precision(method="marglik")``,
+  laplace-torch's defaults: Adam, 100 steps, learning rate 0.1, from 1), or fixed by
+  ``eval.laplace_prior: <number>``;
 * the GLM predictive :math:`f \sim \mathcal N(f_\mu(x), \Sigma_f(x))` with the link
   ``eval.laplace``: ``probit`` -- one pass of logits :math:`\kappa \odot f_\mu`,
   :math:`\kappa_k = (1 + \frac\pi8 (P\Sigma_f P)_{kk})^{-1/2}` (laplace-torch's probit
@@ -43,7 +46,7 @@ from torch import nn
 from ..schema import ConfigError
 from ..settings import posterior_mean
 
-__all__ = ["HESSIANS", "LINKS", "LastLayerLaplace", "centred_covariance", "fit_last_layer_laplace",
+__all__ = ["HESSIANS", "LINKS", "PRIOR_GRID", "LastLayerLaplace", "centred_covariance", "fit_last_layer_laplace",
            "head_features", "laplace_predictions"]
 
 #: the links of the Laplace predictive (``eval.laplace``)
@@ -154,6 +157,8 @@ class LastLayerLaplace:
         #: the copy of the network's head the posterior is centred on (its MAP weights)
         self.head = head
         self.prior_precision, self.warnings, self.fit_seconds = prior_precision, caught, fit_seconds
+        #: how the prior precision was set: ``val``, ``marglik`` or ``fixed``
+        self.prior_method = "fixed"
 
     @torch.enable_grad()  # laplace-torch's Jacobians of the head take autograd
     def predict(self, features: torch.Tensor, labels: torch.Tensor, *, batch_size: int = 256,
@@ -217,27 +222,56 @@ class LastLayerLaplace:
             f_var = part if f_var is None else f_var + part
         return f_mu, f_var
 
+    def select_prior(self, features: torch.Tensor, labels: torch.Tensor, *,
+                     batch_size: int = 256) -> None:
+        """Set the prior precision to the value of :data:`PRIOR_GRID` whose predictive has the
+        lowest NLL on ``(features, labels)`` (the validation split; the mc link is scored with
+        a fixed seed). Measured on CLINC150 (150 classes, frozen MiniLM, one seed): the
+        marginal likelihood chose 4.2 and a validation NLL of 1.96 (the head, trained without
+        weight decay, is far larger than such a prior allows, and most directions carry no
+        curvature at confident predictions); this selection chose 100, validation NLL 0.178
+        against the MAP head's 0.191."""
+        scores = []
+        for tau in PRIOR_GRID:
+            self.la.prior_precision = tau
+            gen = torch.Generator().manual_seed(0)
+            p = self.predict(features, labels, batch_size=batch_size, generator=gen)["probs"]
+            nll = -p.mean(0).clamp_min(1e-300).log().gather(1, labels[:, None]).mean()
+            scores.append(float(nll))
+        best = min(range(len(scores)), key=scores.__getitem__)
+        self.la.prior_precision = PRIOR_GRID[best]
+        self.prior_precision = PRIOR_GRID[best]
+        self.prior_scores = dict(zip(PRIOR_GRID, scores))
+
     def summary(self) -> dict:
         """What ``results.json`` records of the fit."""
-        return {"prior_precision": self.prior_precision, "link": self.link,
+        return {"prior_precision": self.prior_precision, "prior_method": self.prior_method,
+                "link": self.link,
                 "samples": self.samples if self.link == "mc" else 1,
                 "hessian": self.hessian, "fitted_on": "train",
                 "features": "posterior_mean", "n_train": int(self.la.n_data),
                 "fit_seconds": self.fit_seconds}
 
 
+#: the prior precisions ``eval.laplace_prior: val`` tries (log-spaced 1e-2 .. 1e5)
+PRIOR_GRID = tuple(float(10.0 ** (k / 4)) for k in range(-8, 21))
+
+
 def fit_last_layer_laplace(net: nn.Module, train, *, hessian: str = "kron",
                            prior: str | float = "marglik", link: str = "probit",
                            samples: int = 100, batch_size: int = 256,
                            device: torch.device | str = "cpu",
-                           features: tuple[torch.Tensor, torch.Tensor] | None = None
+                           features: tuple[torch.Tensor, torch.Tensor] | None = None,
+                           val: tuple[torch.Tensor, torch.Tensor] | None = None
                            ) -> LastLayerLaplace:
     """Fit laplace-torch's last-layer Laplace to ``net.head`` on ``train`` (an
     :class:`~gpattn_ppl.data.ArrayDataset`, read without augmentation).
 
     :param hessian: ``kron`` (default), ``diag`` or ``full``.
-    :param prior: ``"marglik"`` (the scalar prior precision maximising the marginal
-        likelihood) or a positive number (a fixed prior precision).
+    :param prior: ``"val"`` (the prior precision of :data:`PRIOR_GRID` with the lowest
+        NLL of this predictive on ``val``, the validation split's head features),
+        ``"marglik"`` (the scalar prior precision maximising the marginal likelihood) or a
+        positive number (a fixed prior precision).
     :param link: ``probit`` or ``mc`` (the predictive's link; ``samples`` for ``mc``).
     :param features: ``(features, labels)`` of ``train`` when already computed
         (:func:`head_features`).
@@ -254,7 +288,9 @@ def fit_last_layer_laplace(net: nn.Module, train, *, hessian: str = "kron",
         net, train, batch_size=batch_size, device=device)
     # a copy of the head on the CPU, as the only layer of a one-layer model ("0")
     model = nn.Sequential(copy.deepcopy(_linear_head(net))).float().cpu().requires_grad_(True)
-    kwargs = {} if prior == "marglik" else {"prior_precision": float(prior)}
+    if prior == "val" and val is None:
+        raise ValueError("fit_last_layer_laplace: prior='val' needs val=(features, labels)")
+    kwargs = {} if prior in ("marglik", "val") else {"prior_precision": float(prior)}
     loader = DataLoader(TensorDataset(phi, y), batch_size=batch_size)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -269,7 +305,12 @@ def fit_last_layer_laplace(net: nn.Module, train, *, hessian: str = "kron",
                 if not str(w.message).startswith(_EXPECTED)]
     tau = la.prior_precision
     tau = float(tau.detach().reshape(-1)[0]) if isinstance(tau, torch.Tensor) else float(tau)
-    return LastLayerLaplace(la, model, hessian, link, samples, tau, messages, time.perf_counter() - start)
+    lla = LastLayerLaplace(la, model, hessian, link, samples, tau, messages, 0.0)
+    lla.prior_method = prior if prior in ("val", "marglik") else "fixed"
+    if prior == "val":
+        lla.select_prior(*val, batch_size=batch_size)
+    lla.fit_seconds = time.perf_counter() - start
+    return lla
 
 
 def laplace_predictions(net: nn.Module, bundle, cfg: dict, device, names: list[str]
@@ -283,16 +324,19 @@ def laplace_predictions(net: nn.Module, bundle, cfg: dict, device, names: list[s
         head's own softmax on the same features (the MAP the posterior is centred on).
     """
     e, bs = cfg["eval"], cfg["data"]["eval_batch_size"]
+    val = head_features(net, bundle.val, batch_size=bs, device=device)
     lla = fit_last_layer_laplace(net, bundle.train, hessian=e["laplace_hessian"],
                                  prior=e["laplace_prior"], link=e["laplace"],
-                                 samples=e["laplace_samples"], batch_size=bs, device=device)
+                                 samples=e["laplace_samples"], batch_size=bs, device=device,
+                                 val=val)
     # the MC link's draws are seeded by the run's seed (train and evaluate give equal numbers)
     gen = torch.Generator().manual_seed(cfg["train"]["seed"] + 15_485_863)
     start = time.perf_counter()
     preds = {}
     sets = {"val": bundle.val, "test": bundle.test, **{n: bundle.ood[n] for n in names}}
     for name, dataset in sets.items():
-        phi, y = head_features(net, dataset, batch_size=bs, device=device)
+        phi, y = val if name == "val" else head_features(net, dataset, batch_size=bs,
+                                                         device=device)
         preds[name] = lla.predict(phi, y, batch_size=bs, generator=gen)
         if name == "val":
             with torch.no_grad():

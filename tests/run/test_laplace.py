@@ -217,7 +217,11 @@ def test_evaluate_refits_with_the_mc_link(lla_run, tmp_path):
     res = evaluate_run(run, overrides=["eval.laplace=mc", "eval.laplace_samples=8"])
     la = res["laplace"]
     assert (la["link"], la["samples"]) == ("mc", 8)
-    assert la["prior_precision"] == pytest.approx(lla_run[1]["laplace"]["prior_precision"])
+    # the prior precision: the grid value of lowest validation NLL of this predictive
+    from gpattn_ppl.run.laplace import PRIOR_GRID
+
+    assert la["prior_method"] == "val" and la["prior_precision"] in PRIOR_GRID
+    assert lla_run[1]["laplace"]["prior_precision"] in PRIOR_GRID
     assert la["test"]["mutual_info"] > 0       # several passes: MI is defined
     assert "mutual_info" in la["ood"]["cola_ood"]["detection"]
     again = evaluate_run(run, overrides=["eval.laplace=mc", "eval.laplace_samples=8"])
@@ -229,7 +233,7 @@ def test_evaluate_refits_with_the_mc_link(lla_run, tmp_path):
 def test_the_config_keys():
     e = load_config({"eval": {"laplace": "mc"}})["eval"]
     assert (e["laplace"], e["laplace_hessian"], e["laplace_prior"], e["laplace_samples"]) == \
-        ("mc", "kron", "marglik", 100)
+        ("mc", "kron", "val", 100)
     assert load_config({})["eval"]["laplace"] is None
     assert load_config({"eval": {"laplace": "probit", "laplace_prior": 1e8}})["eval"][
         "laplace_prior"] == 1e8
@@ -374,3 +378,23 @@ def test_the_kron_closed_form_is_laplace_torchs_jacobian_path(bias):
         mu_ref, var_ref = lla.la._glm_predictive_distribution(phi)
     torch.testing.assert_close(mu, mu_ref.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(var, var_ref.detach(), rtol=1e-4, atol=1e-6)
+
+
+def test_the_validation_prior_is_the_grid_value_of_lowest_validation_nll(trained):
+    from gpattn_ppl.run.laplace import PRIOR_GRID
+
+    net, _, bundle = trained
+    tr, va = head_features(net, bundle.train), head_features(net, bundle.val)
+    lla = fit_last_layer_laplace(net, bundle.train, prior="val", features=tr, val=va)
+    assert lla.prior_method == "val" and lla.summary()["prior_method"] == "val"
+    assert set(lla.prior_scores) == set(PRIOR_GRID)
+    assert lla.prior_scores[lla.prior_precision] == min(lla.prior_scores.values())
+    marg = fit_last_layer_laplace(net, bundle.train, prior="marglik", features=tr)
+
+    def nll(m):
+        p = m.predict(*va)["probs"][0]
+        return float(-p.log().gather(1, va[1][:, None]).mean())
+
+    assert nll(lla) <= nll(marg) + 1e-9
+    with pytest.raises(ValueError, match="prior='val' needs val"):
+        fit_last_layer_laplace(net, bundle.train, prior="val", features=tr)
