@@ -15,6 +15,8 @@ reported a third time, under ``"laplace"``, for its predictive, by the same repo
 
 from __future__ import annotations
 
+import time
+
 import warnings
 
 import torch
@@ -51,10 +53,14 @@ def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[st
               precision=cfg["train"]["precision"])
     names = ood if ood is not None else (e["ood"] if e["ood"] is not None else list(bundle.ood))
     check_ood_names(names, bundle)
+    start = time.perf_counter()
     preds = {"val": predict(program, bundle.val, **kw), "test": predict(program, bundle.test, **kw)}
     for name in names:
         preds[name] = predict(program, bundle.ood[name], **kw)
+    predict_s = time.perf_counter() - start
     out = evaluate_predictions(preds, cfg, names)
+    # the test cost of the method: every MC pass of every example predicted, per example
+    out["predict_ms_per_example"] = 1e3 * predict_s / sum(len(p["labels"]) for p in preds.values())
     if e["laplace"] is not None:
         out["laplace"], caught = evaluate_laplace(program.net, bundle, cfg, device, names)
         out["warnings"] += caught
@@ -70,7 +76,7 @@ def evaluate_laplace(net, bundle, cfg: dict, device, names: list[str]) -> tuple[
 
     :returns: ``({"prior_precision", "link", "samples", "hessian", "fitted_on": "train",
         "features": "posterior_mean", "n_train", "fit_seconds", "predict_seconds",
-        "val_nll_map", "val_nll", "test", "ood"}, warnings)``; ``val_nll_map`` is the NLL on
+        "predict_ms_per_example", "val_nll_map", "val_nll", "test", "ood"}, warnings)``; ``val_nll_map`` is the NLL on
         the validation split of the softmax of the same (posterior-mean) network's head.
     """
     from .laplace import laplace_predictions

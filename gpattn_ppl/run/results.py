@@ -72,6 +72,8 @@ def evaluate_best(folder: RunFolder, cfg: dict, bundle, net, program, device, ra
                        "epochs": len(history), "numerics": numerics,
                        # the whole run: training passes + validations + this evaluation
                        "eval_seconds": eval_seconds,
+                       # the predictive passes alone (all MC passes), per example predicted
+                       "predict_ms_per_example": results.pop("predict_ms_per_example", None),
                        "run_seconds": (sum(seconds) + sum(val_seconds) + eval_seconds
                                        if timed else None)}
     if budget is not None:
