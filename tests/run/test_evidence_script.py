@@ -76,3 +76,30 @@ def test_ensemble_seeds_gives_one_ensemble_of_the_first_seeds(tmp_path, capsys):
         evidence.main(args + ["--ensemble-seeds", "1"])
     assert exc.value.code == 2
     assert "fewer than the 2 members" in capsys.readouterr().err
+
+
+def test_paired_differences_to_the_baselines():
+    """method − baseline per seed, the post-hoc rows as baselines, the t-test from 2 seeds."""
+    evidence = _evidence()
+
+    def run(acc, nll, auroc, ts_nll, lla_nll=None):
+        r = {"test": {"acc": acc, "nll": nll, "ece": 0.1, "brier": 0.3},
+             "ood": {"oos": {"detection": {"max_softmax": {"auroc": auroc}}}},
+             "ts": {"test": {"acc": acc, "nll": ts_nll, "ece": 0.05, "brier": 0.3},
+                    "ood": {"oos": {"detection": {"max_softmax": {"auroc": auroc}}}}}}
+        if lla_nll is not None:
+            r["laplace"] = {"test": {"acc": acc, "nll": lla_nll, "ece": 0.04, "brier": 0.3},
+                            "ood": {"oos": {"detection": {"max_softmax": {"auroc": auroc}}}}}
+        return r
+
+    runs = {"softmax": [run(0.90, 0.40, 0.80, 0.35, 0.33), run(0.91, 0.42, 0.82, 0.36, 0.34)],
+            "unit": [run(0.92, 0.30, 0.85, 0.29), run(0.92, 0.33, 0.84, 0.31)]}
+    table = evidence.paired_baselines_table(runs, ["softmax + TS", "softmax + LLA"], "acc",
+                                            "oos")
+    lines = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line
+             for line in table.splitlines() if line.startswith("| ")}
+    row = lines[("unit", "softmax + LLA")]
+    assert "-0.0200 [p=" in row and "2/2]" in row      # nll: (0.30-0.33 + 0.33-0.34) / 2
+    assert ("softmax + TS", "softmax + LLA") not in lines   # baselines are not rows
+    assert ("unit + TS", "softmax + TS") in lines
+    assert "+0.0350 [" in lines[("unit", "softmax + TS")].split("|")[7]   # AUROC
