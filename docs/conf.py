@@ -42,6 +42,8 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.intersphinx",
     "sphinx.ext.mathjax",
+    # MathJax 3 copied into the built docs (_static/mathjax/): the derivations render offline
+    "sphinx-mathjax-offline",
     "sphinx.ext.viewcode",
     "sphinx_gallery.gen_gallery",
 ]
@@ -118,8 +120,9 @@ sphinx_gallery_conf = {
     "abort_on_example_error": True,
     "image_scrapers": ("matplotlib",),
     "reset_modules": ("matplotlib",),
-    # "Total running time" on every page, and sg_execution_times pages (orphans)
-    "write_computation_times": True,
+    # "Total running time" on every page; no sg_execution_times pages (their tables load jQuery
+    # and DataTables from a CDN, and the built docs must not need the network)
+    "write_computation_times": False,
     "min_reported_time": 0,
     # offline and self-contained: no backreference pages, no mini-galleries, no Binder or
     # JupyterLite links, no recommender (sphinx-gallery fetches nothing at build time)
@@ -291,4 +294,17 @@ def setup(app):
     app.add_directive("autosubmodules", AutoSubmodules)
     app.add_directive("config-schema", ConfigSchema)
     app.connect("missing-reference", _resolve_reexport)
+    app.connect("build-finished", _remove_gallery_output, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+# -- the source tree stays clean ----------------------------------------------------------------
+def _remove_gallery_output(app, exc) -> None:
+    """After a build, remove what sphinx-gallery generated into the source tree (the rendered
+    tutorials and the timing page): the built HTML holds them; every build re-runs the
+    tutorials anyway (``run_stale_examples``)."""
+    import shutil
+
+    src = Path(app.srcdir)
+    shutil.rmtree(src / sphinx_gallery_conf["gallery_dirs"], ignore_errors=True)
+    (src / "sg_execution_times.rst").unlink(missing_ok=True)
