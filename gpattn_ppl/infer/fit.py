@@ -59,7 +59,8 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
               clock: Callable[[int], float] | None = None, progress=None,
               step_losses: list | None = None, epoch: int | float | None = None,
               checks: dict | None = None, precision: str = "fp32",
-              scaler: torch.amp.GradScaler | None = None) -> dict[str, float]:
+              scaler: torch.amp.GradScaler | None = None, accumulate: int = 1,
+              on_step: Callable[[int, float], None] | None = None) -> dict[str, float]:
     """One pass of optimiser steps over ``batches``.
 
     Per step ``i``, in this order: draw the batch (the iterable may be lazy, so its random
@@ -88,6 +89,15 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
     :param precision: ``fp32``, ``bf16`` or ``fp16``: the loss (the forward pass) runs under
         :func:`~gpattn_ppl.infer.precision.autocast` (the GP algebra stays in
         :class:`~gpattn_ppl.settings.gp_dtype`); the backward follows the forward's dtypes.
+    :param accumulate: ``k``, micro-batches per optimiser step (gradient accumulation): each
+        step takes the next ``k`` batches (the last step of a pass those left), ``zero_grad``
+        once, computes and back-propagates each micro-batch's loss scaled by its share of the
+        step's examples (``1/k`` for equal batches) -- the gradient of one ``k`` times larger
+        batch --, then clips, steps the optimiser and the scheduler once. ``clock`` and the
+        step index count optimiser steps; the step's loss is the scaled sum. One host
+        synchronisation per micro-batch. ``1``: the plain loop (no scaling at all).
+    :param on_step: called after each optimiser step with its global index in the pass
+        (0-based) and its loss (a float already on the host), e.g. a TensorBoard writer.
     :param scaler: a ``torch.amp.GradScaler`` (``fp16``,
         :func:`~gpattn_ppl.infer.precision.grad_scaler`): the loss is scaled before
         ``backward``, the gradients unscaled before clipping, and a step with overflowing
@@ -103,33 +113,53 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
     net.train()
     if epoch is None:
         epoch = clock(0) if clock is not None else program.epoch
+    if accumulate < 1:
+        raise ValueError(f"fit_epoch: accumulate must be >= 1, got {accumulate}")
     term_sums: dict[str, torch.Tensor] = {}
     shares: dict[str, torch.Tensor] = {}
     nll_sum, loss_sum, n_steps, reruns = None, 0.0, 0, 0
-    for i, b in enumerate(batches):
+    for i, group in enumerate(_groups(batches, accumulate)):
         if clock is not None:
             program.set_epoch(clock(i))
-        with autocast(precision, b.x.device):
-            loss, value = _fast_loss(program, b)
-        if loss is None:  # a factorisation failed or the loss is not finite: check everything
-            reruns += 1
-            try:
-                with autocast(precision, b.x.device):
-                    loss = program.loss(b.x, b.mask, b.y, b.index)
-            except (ValueError, CholeskyError) as err:
-                _raise_if_diverged(err, program, epoch, i)
-                raise
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise DivergenceError(_divergence_message(program, epoch, i, value))
-        optimizer.zero_grad(set_to_none=True)
+        total = sum(len(b.y) for b in group) if accumulate > 1 else None
+        value = 0.0
+        for j, b in enumerate(group):
+            # the micro-batch's share of the step (None: the plain loop, no scaling)
+            w = None if total is None else len(b.y) / total
+            with autocast(precision, b.x.device):
+                loss, part = _fast_loss(program, b)
+            if loss is None:  # a factorisation failed or the loss is not finite: check everything
+                reruns += 1
+                try:
+                    with autocast(precision, b.x.device):
+                        loss = program.loss(b.x, b.mask, b.y, b.index)
+                except (ValueError, CholeskyError) as err:
+                    _raise_if_diverged(err, program, epoch, i)
+                    raise
+                part = float(loss.detach())
+                if not math.isfinite(part):
+                    raise DivergenceError(_divergence_message(program, epoch, i, part))
+            if j == 0:
+                optimizer.zero_grad(set_to_none=True)
+            if w is not None:
+                loss, part = loss * w, part * w
+            (loss if scaler is None else scaler.scale(loss)).backward()
+            value += part
+            scales = getattr(program, "last_scales", {})
+            for name, term in program.last_terms.items():
+                term = term if w is None else term * w
+                term_sums[name] = term_sums.get(name, 0.0) + term
+                if name in scales:
+                    shares[name] = shares.get(name, 0.0) + scales[name] * term
+            nll = getattr(program, "last_nll", None)
+            if nll is not None:
+                nll = nll if w is None else nll * w
+                nll_sum = nll if nll_sum is None else nll_sum + nll
         if scaler is None:
-            loss.backward()
             if grad_clip:
                 torch.nn.utils.clip_grad_norm_(net.parameters(), grad_clip)
             optimizer.step()
         else:
-            scaler.scale(loss).backward()
             if grad_clip:
                 scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(net.parameters(), grad_clip)
@@ -138,17 +168,11 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
         if scheduler is not None:
             scheduler.step()
         loss_sum += value
-        scales = getattr(program, "last_scales", {})
-        for name, term in program.last_terms.items():
-            term_sums[name] = term_sums.get(name, 0.0) + term
-            if name in scales:
-                shares[name] = shares.get(name, 0.0) + scales[name] * term
-        nll = getattr(program, "last_nll", None)
-        if nll is not None:
-            nll_sum = nll if nll_sum is None else nll_sum + nll
         n_steps += 1
         if step_losses is not None:
             step_losses.append(value)
+        if on_step is not None:
+            on_step(i, value)
         if progress is not None:
             progress.update(1)
     if n_steps == 0:
@@ -161,6 +185,19 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
         checks.update(objective_checks(out["loss"], out.get("nll"),
                                        {k: float(v) / n_steps for k, v in shares.items()}))
     return out
+
+
+def _groups(batches: Iterable, k: int):
+    """``batches`` in lists of ``k`` (the last one shorter), drawn lazily: one batch at a time
+    for ``k = 1``, each group's ``k`` batches before its first is computed otherwise."""
+    group = []
+    for b in batches:
+        group.append(b)
+        if len(group) == k:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def _fast_loss(program: PyroProgram, b) -> tuple[torch.Tensor | None, float]:

@@ -226,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="on an error, show the full traceback "
                    "instead of one line (may also come after the command), e.g. gpattn-ppl "
                    "--debug train cfg.yaml")
+    p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
+                   help="CPU threads of this process's torch operations (torch.set_num_threads; "
+                   "default: torch's, one per core); may also come after the command. On a "
+                   "shared or busy machine use 1 per process, e.g. gpattn-ppl --threads 1 "
+                   "train cfg.yaml")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE (dotted name or path/to/file.py) first, so the datasets, "
                    "attention units and OOD detectors it registers can be used; repeatable, "
@@ -368,6 +373,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _hoist_threads(argv: list[str]) -> list[str]:
+    """``--threads N`` (or ``--threads=N``) anywhere on the command line, moved before the
+    command, where the main parser reads it (the last one wins, as argparse would)."""
+    out, threads, i = [], [], 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            out += argv[i:]
+            break
+        if word == "--threads":
+            threads += argv[i:i + 2]
+            i += 2
+            continue
+        if word.startswith("--threads="):
+            threads.append(word)
+        else:
+            out.append(word)
+        i += 1
+    return threads + out
+
+
 def _gather_set(argv: list[str]) -> list[str]:
     """``--set a=1 b=2 CONFIG`` -> ``--set a=1 --set b=2 CONFIG``: a ``--set`` takes only the
     ``KEY.PATH=VALUE`` words that follow it, so positional arguments may come after it."""
@@ -448,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     rest); a bad argument is one line and a hint too. A ``--import`` module (or an entry-point
     plugin) that calls ``sys.exit`` while being imported is an error naming it, not an exit.
     ``--debug`` (anywhere on the command line) lets the error propagate with its traceback
-    instead. The
+    instead. ``--threads N`` (anywhere) sets ``torch.set_num_threads(N)`` first. The
     process's allocator keeps freed memory for reuse
     (:func:`~gpattn_ppl.run.allocator.keep_freed_memory`; ``GPATTN_PPL_MALLOC=system`` to opt out).
 
@@ -457,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    argv = _gather_set([a for a in argv if a != "--debug"])
+    argv = _gather_set(_hoist_threads([a for a in argv if a != "--debug"]))
     args = build_parser().parse_args(argv)
     if hasattr(args, "set") and args.set is None:
         args.set = []
@@ -465,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
     from .allocator import apply_default_policy
 
     apply_default_policy()  # keep freed memory for reuse (no page faults per step; allocator.py)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         _import_plugins(args.imports)
         return args.fn(args)

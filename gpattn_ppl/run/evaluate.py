@@ -16,7 +16,6 @@ reported a third time, under ``"laplace"``, for its predictive, by the same repo
 from __future__ import annotations
 
 import time
-
 import warnings
 
 import torch

@@ -35,11 +35,17 @@ def dumps(obj: Any, indent: int | None = 1) -> str:
 
 def summary(results: dict, run_dir) -> dict:
     """The summary ``train`` and ``evaluate`` print: run folder, best epoch, test metrics, per
-    OOD set its classification and detection metrics, temperature scaling (when on) and cost."""
+    OOD set its classification and detection metrics, temperature scaling (when on: the
+    temperature, and under ``ts`` every metric again for the tempered predictive), last-layer
+    Laplace (when on: under ``laplace``) and cost."""
     out = {"run_dir": str(run_dir), "best_epoch": results.get("best_epoch"),
            "test": results["test"], "ood": results["ood"]}
     if "temperature_scaling" in results:
         out["temperature_scaling"] = results["temperature_scaling"]
+    if "ts" in results:
+        out["ts"] = results["ts"]
+    if "laplace" in results:
+        out["laplace"] = results["laplace"]
     if results.get("warnings"):
         out["warnings"] = results["warnings"]
     out["cost"] = results.get("cost", {})

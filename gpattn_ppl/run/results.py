@@ -23,30 +23,41 @@ from .evaluate import check_ood_names, evaluate_model
 from .output import strict
 from .rundir import RunFolderError, record_files, run_lock, write_json_atomic
 from .runfolder import RunFolder, open_run
-from .runtime import init_distributed, peak_memory_mb, seed_everything, select_device
+from .runtime import RunMemory, init_distributed, seed_everything, select_device
 
 __all__ = ["draw_run_plots", "evaluate_best", "evaluate_run", "numerics_summary"]
 
 
 def evaluate_best(folder: RunFolder, cfg: dict, bundle, net, program, device, rank: int, *,
                   history: list, select_metric: str, ood: list[str] | None,
-                  data_warning: str | None = None, budget: dict | None = None) -> dict:
+                  data_warning: str | None = None, budget: dict | None = None,
+                  memory=None) -> dict:
     """Load ``best.pt`` of ``folder`` into ``net`` (its config checked against
     ``config.yaml``), evaluate, write ``results.json``, ``predictions.pt`` and (with temperature
     scaling) ``calibration.json``. The caller holds the folder's lock.
 
     :param budget: the run's :class:`~gpattn_ppl.run.budget.BudgetPlan` as a dict
-        (``train.max_minutes``), written under ``"budget"``."""
+        (``train.max_minutes``), written under ``"budget"``.
+    :param memory: the ``RunMemory`` of :mod:`~gpattn_ppl.run.runtime` started at the run's
+        start (training, or ``evaluate``): its peak
+        is ``cost.peak_mem_mb`` and its reading ``cost.peak_mem``; ``None``: measured from
+        here (the evaluation alone)."""
     run_dir = folder.path
     state = folder.load_weights(net, "best.pt", map_location=device)
     # the MC passes of the evaluation are seeded: train and a later evaluate give equal numbers
     devices = [device] if device.type == "cuda" else []
     linalg.reset_numerics_stats()
+    own_meter = memory is None
+    if own_meter:
+        memory = RunMemory(device).start()
     start = time.perf_counter()
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(cfg["train"]["seed"] + 104_729)
         results = evaluate_model(program, bundle, cfg, device, ood=ood)
     eval_seconds = time.perf_counter() - start
+    peak = memory.summary()
+    if own_meter:
+        memory.stop()
     numerics = numerics_summary(history, linalg.numerics_stats())
     results["warnings"] += [w for r in history for w in r.get("warnings", [])]
     if numerics["escalations"]:
@@ -67,7 +78,9 @@ def evaluate_best(folder: RunFolder, cfg: dict, bundle, net, program, device, ra
     val_seconds = [r.get("val_seconds") for r in history]
     timed = bool(history) and None not in val_seconds      # runs of older versions: untimed
     results["cost"] = {"sec_per_epoch": sum(seconds) / max(len(seconds), 1),
-                       "peak_mem_mb": peak_memory_mb(device),
+                       # the run's own peak (not the process's since it began): peak_mem says
+                       # what was measured
+                       "peak_mem_mb": peak["peak_mb"], "peak_mem": peak,
                        "params": sum(p.numel() for p in net.parameters()),
                        "epochs": len(history), "numerics": numerics,
                        # the whole run: training passes + validations + this evaluation
@@ -135,30 +148,31 @@ def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
     check_device_available(cfg["train"]["device"])
     rank, world = init_distributed()
     device = select_device(cfg["train"]["device"], rank)
-    seed_everything(cfg["train"]["seed"])
-    bundle = load_bundle(cfg)
-    changed = None
-    try:
-        check_same_data(folder.manifest, folder.encoder_state(), bundle, folder.path)
-    except RunFolderError as err:
-        if not allow_changed_data:
-            raise RunFolderError(f"{str(err).splitlines()[0]}\nhint: evaluate "
-                                 "--allow-changed-data evaluates anyway") from None
-        changed = str(err).splitlines()[0]
-    if ood is not None:
-        check_ood_names(ood, bundle, "evaluate --ood")
-    else:
-        check_ood_names(cfg["eval"]["ood"], bundle)
-    select_metric = selection_metric(cfg, bundle)
-    net, _, program = model_and_program(cfg, bundle, len(bundle.train), device, world,
-                                        warm_start=False)
-    history = folder.history()
-    with run_lock(folder.path):
-        results = evaluate_best(folder, cfg, bundle, net, program, device, rank,
-                                history=history, select_metric=select_metric, ood=ood,
-                                data_warning=changed)
-        if plots and rank == 0:
-            draw_run_plots(folder.path, cfg["eval"]["ood_detectors"])
+    with RunMemory(device) as memory:  # this evaluation's own peak, data loading included
+        seed_everything(cfg["train"]["seed"])
+        bundle = load_bundle(cfg)
+        changed = None
+        try:
+            check_same_data(folder.manifest, folder.encoder_state(), bundle, folder.path)
+        except RunFolderError as err:
+            if not allow_changed_data:
+                raise RunFolderError(f"{str(err).splitlines()[0]}\nhint: evaluate "
+                                     "--allow-changed-data evaluates anyway") from None
+            changed = str(err).splitlines()[0]
+        if ood is not None:
+            check_ood_names(ood, bundle, "evaluate --ood")
+        else:
+            check_ood_names(cfg["eval"]["ood"], bundle)
+        select_metric = selection_metric(cfg, bundle)
+        net, _, program = model_and_program(cfg, bundle, len(bundle.train), device, world,
+                                            warm_start=False)
+        history = folder.history()
+        with run_lock(folder.path):
+            results = evaluate_best(folder, cfg, bundle, net, program, device, rank,
+                                    history=history, select_metric=select_metric, ood=ood,
+                                    data_warning=changed, memory=memory)
+            if plots and rank == 0:
+                draw_run_plots(folder.path, cfg["eval"]["ood_detectors"])
     return results
 
 

@@ -26,6 +26,9 @@ file                   content
 ``predictions.pt``     per-pass probabilities and logits of every evaluated split
 ``swap.json``          the swap report of a pretrained encoder
 ``plots/*.png``        evaluation figures (listed in ``files`` as they are written)
+``tensorboard/``       TensorBoard event files (``train.tensorboard``; the folder is listed in
+                       ``files`` before it is created, and ``--force`` removes the
+                       ``events.out.tfevents.*`` files in it)
 ``.lock``              held by the process writing the folder (:func:`run_lock`)
 =====================  =========================================================================
 
@@ -67,12 +70,15 @@ RUN_FILES = ("config.yaml", "run.json", "encoder.json", "last.pt", "best.pt", "l
 #: the lock file held while a process writes the folder
 LOCK_FILE = ".lock"
 
-#: names a manifest may list: the run files, the lock and ``plots/<name>.png``
-_LISTABLE = re.compile(r"^(?:plots/[A-Za-z0-9_.\-]+\.png|\.lock|"
+#: the folder of TensorBoard event files (``train.tensorboard``), listed as ``tensorboard/``
+TENSORBOARD_DIR = "tensorboard"
+
+#: names a manifest may list: the run files, the lock, ``plots/<name>.png`` and ``tensorboard/``
+_LISTABLE = re.compile(r"^(?:plots/[A-Za-z0-9_.\-]+\.png|\.lock|tensorboard/|"
                        + "|".join(re.escape(f) for f in RUN_FILES) + ")$")
 
 #: config keys that do not change what a run computes; they may differ on resume
-IGNORED_KEYS = ("train.progress", "train.device", "data.cache_dir")
+IGNORED_KEYS = ("train.progress", "train.device", "data.cache_dir", "train.tensorboard")
 
 
 class RunFolderError(GpattnError, ValueError):
@@ -85,7 +91,8 @@ def holds_run(run_dir: str | Path) -> bool:
     :data:`RUN_FILES` or a ``plots/`` folder."""
     run_dir = Path(run_dir)
     return run_dir.is_dir() and (any((run_dir / f).exists() for f in RUN_FILES)
-                                 or (run_dir / "plots").exists())
+                                 or (run_dir / "plots").exists()
+                                 or (run_dir / TENSORBOARD_DIR).exists())
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -139,7 +146,7 @@ def _first_line(err: BaseException) -> str:
 def _foreign(run_dir: Path) -> list[str]:
     """The run-like entries of a folder without a manifest of this library."""
     names = [f for f in RUN_FILES if (run_dir / f).exists()]
-    return names + (["plots/"] if (run_dir / "plots").exists() else [])
+    return names + [f"{d}/" for d in ("plots", TENSORBOARD_DIR) if (run_dir / d).exists()]
 
 
 def check_run_folder(run_dir: str | Path, cfg: dict, *, resume: bool = False,
@@ -212,8 +219,9 @@ def listed_files(run_dir: str | Path, manifest: dict | None = None) -> list[str]
 
 def clear_run_files(run_dir: str | Path) -> None:
     """Remove the files the run's manifest lists (:func:`listed_files`) and orphaned
-    temporaries of those files; ``plots/`` only if it is then empty; anything else in the folder
-    is left alone. Symbolic links are removed as links (never followed); the manifest goes
+    temporaries of those files; ``plots/`` only if it is then empty; of a listed
+    ``tensorboard/``, the ``events.out.tfevents.*`` files in it, and the folder if it is then
+    empty; anything else in the folder is left alone. Symbolic links are removed as links (never followed); the manifest goes
     last, so an interrupted clear is cleared again by the next ``--force``."""
     run_dir = Path(run_dir)
     files = listed_files(run_dir)
@@ -221,6 +229,14 @@ def clear_run_files(run_dir: str | Path) -> None:
         if name == LOCK_FILE:
             continue  # held by this process now
         path = run_dir / name
+        if name.endswith("/"):  # tensorboard/: the writer's event files, then the folder
+            if path.is_dir() and not path.is_symlink():
+                for event in path.glob("events.out.tfevents.*"):
+                    if event.is_symlink() or event.is_file():
+                        event.unlink()
+                if not any(path.iterdir()):
+                    path.rmdir()
+            continue
         if path.is_symlink() or path.is_file():
             path.unlink()
         for tmp in path.parent.glob(f".{path.name}.*.tmp"):

@@ -1,10 +1,13 @@
-"""The process a run lives in: device choice, torch.distributed (DDP), seeding, peak memory."""
+"""The process a run lives in: device choice, torch.distributed (DDP), seeding, peak memory,
+progress output."""
 
 from __future__ import annotations
 
 import os
 import random
 import resource
+import sys
+import threading
 
 import torch
 
@@ -86,3 +89,108 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def is_terminal(stream=None) -> bool:
+    """Whether ``stream`` (default: ``sys.stderr``, where progress bars go) is a terminal: a
+    progress bar is drawn only there (a redirected log gets one line per epoch instead)."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def _rss_bytes() -> int | None:
+    """The process's current resident set (Linux ``/proc/self/statm``; None elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _max_rss_bytes() -> int:
+    """The process's peak resident set since it started (``ru_maxrss``: KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class RunMemory:
+    """The peak memory of one run, measured from ``start()`` (not since the process began).
+
+    * CUDA: ``torch.cuda.reset_peak_memory_stats`` at the start, then
+      ``torch.cuda.max_memory_allocated``: the tensors' peak on the device during the run.
+    * CPU: a process's peak resident set cannot be reset, so the run's own peak is taken as the
+      larger of (a) the resident set sampled every ``interval`` seconds by a daemon thread and
+      (b) ``ru_maxrss`` when the run raised it above its value at the start (then it is the
+      run's exact peak). ``increase_mb`` is that peak minus the resident set at the start.
+
+    ``summary()`` says which was measured (``results.json``: ``cost.peak_mem``).
+    """
+
+    def __init__(self, device: torch.device, interval: float = 0.05) -> None:
+        self.device, self.interval = torch.device(device), interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.start_bytes = self.max_bytes = 0
+        self._maxrss_start = 0
+        self._sampled = False
+
+    def start(self) -> RunMemory:
+        """Reset (CUDA) or record (CPU) the baseline and start sampling; returns ``self``."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = torch.cuda.memory_allocated(self.device)
+            return self
+        self._maxrss_start = _max_rss_bytes()
+        self.start_bytes = self.max_bytes = _rss_bytes() or 0
+        self._sampled = _rss_bytes() is not None
+        if self._sampled:
+            self._thread = threading.Thread(target=self._sample, name="gpattn-ppl-rss",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            rss = _rss_bytes()
+            if rss is not None and rss > self.max_bytes:
+                self.max_bytes = rss
+
+    def stop(self) -> None:
+        """Stop the sampling thread (the readings stay)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> RunMemory:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def peak_bytes(self) -> int:
+        """The run's peak so far (see the class docstring)."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        now = _rss_bytes() or 0
+        self.max_bytes = max(self.max_bytes, now)
+        maxrss = _max_rss_bytes()
+        return max(self.max_bytes, maxrss if maxrss > self._maxrss_start else 0)
+
+    def summary(self) -> dict:
+        """``{"peak_mb", "start_mb", "increase_mb", "what"}`` for ``results.json``."""
+        peak = self.peak_bytes()
+        if self.device.type == "cuda":
+            what = ("CUDA tensor memory allocated on the device, peak since the run started "
+                    "(torch.cuda.reset_peak_memory_stats at its start)")
+        elif self._sampled:
+            what = (f"the process's resident set (RSS), the run's peak: sampled every "
+                    f"{self.interval:g} s from the run's start, or ru_maxrss when the run "
+                    "raised it; increase_mb is over the RSS at the run's start")
+        else:
+            what = ("the process's peak resident set (ru_maxrss) when the run raised it, else 0 "
+                    "(no /proc/self/statm here to sample the run's own)")
+        return {"peak_mb": peak / 2**20, "start_mb": self.start_bytes / 2**20,
+                "increase_mb": max(peak - self.start_bytes, 0) / 2**20, "what": what}

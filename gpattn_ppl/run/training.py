@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import csv
 import math
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -62,7 +63,14 @@ from .rundir import (
     write_json_atomic,
 )
 from .runfolder import written_run
-from .runtime import barrier, init_distributed, seed_everything, select_device
+from .runtime import (
+    RunMemory,
+    barrier,
+    init_distributed,
+    is_terminal,
+    seed_everything,
+    select_device,
+)
 
 __all__ = ["Trainer", "resident_data", "step0_terms"]
 
@@ -71,6 +79,17 @@ def resident_data(setting: bool | str, device: torch.device) -> bool:
     """Whether the splits are moved to ``device`` once (``data.resident``; ``auto``: on CUDA,
     where a per-batch host gather and copy would leave the GPU waiting)."""
     return device.type == "cuda" if setting == "auto" else bool(setting)
+
+
+def validation_subset(dataset, limit: int | None, seed: int):
+    """The per-epoch validation set: ``dataset`` itself, or (``data.limit_val``) a seeded,
+    label-stratified subset of ``limit`` of its examples, in their original order."""
+    if limit is None or limit >= len(dataset):
+        return dataset
+    from ..data.splits import stratified_subset
+
+    keep = stratified_subset(dataset.y.cpu(), limit, seed).sort().values
+    return dataset.subset(keep.to(dataset.y.device))
 
 
 def _validated(config, overrides: list[str] | None) -> dict:
@@ -166,6 +185,9 @@ class Trainer:
         self.net, self.warm_start, self.program = model_and_program(
             self.cfg, self.bundle, len(self.bundle.train), self.device, self.world)
         self.num_data = len(self.bundle.train)
+        #: the per-epoch validation set (data.limit_val: a stratified subset of bundle.val)
+        self.val_set = validation_subset(self.bundle.val, self.cfg["data"]["limit_val"],
+                                         self.cfg["data"]["split_seed"])
         t = self.cfg["train"]
         opt_cls = torch.optim.AdamW if t["optimizer"] == "adamw" else torch.optim.Adam
         # the fused kernel: one pass over all parameters and no host read per parameter (the
@@ -173,8 +195,11 @@ class Trainer:
         self.optimizer = opt_cls(parameter_groups(self.net, t), lr=t["lr"],
                                  weight_decay=t["weight_decay"],
                                  fused=self.device.type in ("cpu", "cuda"))
-        self.steps_per_epoch = math.ceil(math.ceil(self.num_data / self.world)
-                                         / self.cfg["data"]["batch_size"])
+        #: micro-batches of data.batch_size per epoch, and optimiser steps (train.accumulate
+        #: micro-batches each): the schedules count optimiser steps
+        self.batches_per_epoch = math.ceil(math.ceil(self.num_data / self.world)
+                                           / self.cfg["data"]["batch_size"])
+        self.steps_per_epoch = math.ceil(self.batches_per_epoch / t["accumulate"])
         self.scaler = grad_scaler(t["precision"], self.device)
         #: train.max_minutes: the plan made after the first epoch (None: no budget, or not yet)
         self.budget: BudgetPlan | None = None
@@ -185,6 +210,10 @@ class Trainer:
         self.warned: list[str] = []
         #: the last epoch's objective checks (:func:`~gpattn_ppl.infer.objective_checks`)
         self.last_checks: dict[str, str] = {}
+        #: the run's peak memory (a ``RunMemory`` of :mod:`~gpattn_ppl.run.runtime`), from fit's start
+        self.memory = None
+        #: the TensorBoard writer while fit runs (train.tensorboard, rank 0)
+        self._tb = None
 
     @property
     def epochs(self) -> int:
@@ -209,9 +238,9 @@ class Trainer:
         (:func:`~gpattn_ppl.run.budget.plan_budget`) and the compressed schedules."""
         t, e = self.cfg["train"], self.cfg["eval"]
         b = self.bundle
-        n_val = len(b.val)
+        n_val = len(self.val_set)  # validated per epoch; the evaluation predicts all of b.val
         names = e["ood"] if e["ood"] is not None else list(b.ood)
-        n_eval = n_val + len(b.test) + sum(len(b.ood[n]) for n in names)
+        n_eval = len(b.val) + len(b.test) + sum(len(b.ood[n]) for n in names)
         T_val = t["val_mc_samples"] or e["mc_samples"]
         eval_s = val_s * n_eval / n_val * (e["mc_samples"] / T_val if self.net.stochastic else 1)
         now = time.perf_counter() - self._t0
@@ -349,11 +378,19 @@ class Trainer:
         getattr(self.net, "on_train_epoch_start", lambda: None)()
         # the program's clock (objective-weight schedules), compressed under a budget
         r, e, spe = self.compression, self.epoch, self.steps_per_epoch
+        on_step = None
+        if self._tb is not None:
+            writer = self._tb
+
+            def on_step(i: int, loss: float) -> None:
+                writer.add_scalar("train/step_loss", loss, e * spe + i + 1)
+
         stats = fit_epoch(self.program, self.optimizer, self._batches(gen),
                           scheduler=self.scheduler, grad_clip=t["grad_clip"],
                           clock=lambda i: r * (e + i / spe), progress=progress,
                           step_losses=self.step_losses, epoch=self.epoch + 1,
-                          checks=self.last_checks, precision=t["precision"], scaler=self.scaler)
+                          checks=self.last_checks, precision=t["precision"], scaler=self.scaler,
+                          accumulate=t["accumulate"], on_step=on_step)
         getattr(self.net, "on_train_epoch_end", lambda: None)()
         return stats
 
@@ -375,14 +412,15 @@ class Trainer:
         return row
 
     def validate(self) -> dict:
-        """Metrics of the current model on the validation split: ``train.val_mc_samples`` MC
-        passes (None: ``eval.mc_samples``, as in evaluation)."""
+        """Metrics of the current model on the validation split (``data.limit_val``: its
+        stratified subset, ``val_set``): ``train.val_mc_samples`` MC passes (None:
+        ``eval.mc_samples``, as in evaluation)."""
         T = self.cfg["train"]["val_mc_samples"] or self.cfg["eval"]["mc_samples"]
         devices = [self.device] if self.device.type == "cuda" else []
         # validation draws (MC passes, the sampled "y" site) must not move the training RNG
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.cfg["train"]["seed"] + 7919 * self.epoch)
-            pred = predict(self.program, self.bundle.val, num_samples=T,
+            pred = predict(self.program, self.val_set, num_samples=T,
                            batch_size=self.cfg["data"]["eval_batch_size"], device=self.device,
                            precision=self.cfg["train"]["precision"])
         return classification_report(pred["probs"], pred["labels"], logits=pred["logits"],
@@ -406,8 +444,57 @@ class Trainer:
     def _fit(self) -> dict:
         from tqdm.auto import tqdm
 
-        if self.rank == 0:
-            self._write_static()
+        self.memory = RunMemory(self.device).start()  # the run's own peak, from here
+        try:
+            if self.rank == 0:
+                self._write_static()
+                if self.cfg["train"]["tensorboard"]:
+                    self._open_tensorboard()
+            return self._train_and_evaluate(tqdm)
+        finally:
+            self.memory.stop()
+            if self._tb is not None:
+                self._tb.close()
+                self._tb = None
+
+    def _open_tensorboard(self) -> None:
+        """``RUN_DIR/tensorboard`` (listed in the manifest first) and its writer."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        from .rundir import record_files
+
+        record_files(self.run_dir, ["tensorboard/"])
+        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def _log_tensorboard(self, row: dict) -> None:
+        """One epoch's scalars: the loss and each objective term (``train/``), the learning
+        rate, the numerics counters, the validation metrics (``val/``) and the seconds."""
+        names = {"loss": "train/loss", "nll": "train/nll", "lr": "train/lr",
+                 "seconds": "time/train_seconds", "val_seconds": "time/val_seconds"}
+        for key, value in row.items():
+            if key == "epoch" or isinstance(value, (bool, list, dict, str)) or value is None:
+                continue
+            tag = names.get(key, f"train/{key}" if key.startswith("term/") else key)
+            self._tb.add_scalar(tag, value, row["epoch"])
+        self._tb.flush()
+
+    def validates(self, epoch: int) -> bool:
+        """Whether 1-based ``epoch`` is validated: every ``train.val_every``-th, the last, and
+        under ``train.max_minutes`` the first (its time plans the budget)."""
+        t = self.cfg["train"]
+        return (epoch % t["val_every"] == 0 or epoch >= self.epochs
+                or (t["max_minutes"] is not None and self.budget is None))
+
+    def _epoch_line(self, row: dict, validated: bool) -> None:
+        """One line per epoch on stderr (when no progress bar is drawn)."""
+        val = (f"val {self.select_metric} {row[f'val/{self.select_metric}']:.4f}"
+               if validated else "not validated")
+        best = " (best)" if validated and self.best["epoch"] == row["epoch"] else ""
+        print(f"{self.label} epoch {row['epoch']}/{self.epochs}: loss {row['loss']:.4f}, "
+              f"{val}{best}, {row['seconds']:.1f} s train + {row['val_seconds']:.1f} s val",
+              file=sys.stderr, flush=True)
+
+    def _train_and_evaluate(self, tqdm) -> dict:
         barrier(self.world)
         # a process killed between last.pt and the logs left them an epoch behind the checkpoint
         # (after the last epoch no later epoch rewrites them): rewrite them from the checkpoint
@@ -418,8 +505,13 @@ class Trainer:
         linalg.reset_numerics_stats(warned=True)  # each place warns once in this run
         t = self.cfg["train"]
         higher = HIGHER_IS_BETTER.get(self.select_metric, True)
+        # a bar only where it can be drawn (a terminal, or a notebook's widget); a redirected
+        # log gets one line per epoch instead
+        show_bar = (t["progress"] and self.rank == 0
+                    and (is_terminal() or "ipykernel" in sys.modules))
+        lines = self.rank == 0 and not show_bar
         bar = tqdm(total=self.steps_per_epoch * self.epochs, initial=self.steps_per_epoch * self.epoch,
-                   disable=not t["progress"] or self.rank != 0, desc=self.label, leave=False)
+                   disable=not show_bar, desc=self.label, leave=False)
         try:
             while self.epoch < self.epochs and not self.patience_exhausted():
                 linalg.reset_numerics_stats()
@@ -427,12 +519,14 @@ class Trainer:
                 train_stats = self.train_epoch(bar)
                 seconds = time.perf_counter() - start
                 reruns = train_stats.pop("checked_reruns", 0)
+                validated = self.validates(self.epoch + 1)
                 start = time.perf_counter()
-                val = self.validate()
-                val_seconds = time.perf_counter() - start
-                score = val[self.select_metric]
-                better = (self.best["score"] is None
-                          or (score > self.best["score"] if higher else score < self.best["score"]))
+                val = self.validate() if validated else {}
+                val_seconds = time.perf_counter() - start if validated else 0.0
+                score = val.get(self.select_metric)
+                better = validated and (
+                    self.best["score"] is None
+                    or (score > self.best["score"] if higher else score < self.best["score"]))
                 row = {"epoch": self.epoch + 1, "seconds": seconds, "val_seconds": val_seconds,
                        "lr": self.scheduler.get_last_lr()[0],
                        **train_stats, **{f"val/{k}": v for k, v in val.items()},
@@ -449,12 +543,18 @@ class Trainer:
                 if self.rank == 0:
                     save_atomic(self._state(), self.run_dir / "last.pt")
                     self._write_logs()
+                    if self._tb is not None:
+                        self._log_tensorboard(row)
                 barrier(self.world)
                 if t["max_minutes"] is not None and self.budget is None:
                     self._plan_budget(time.perf_counter() - epoch_start, val_seconds)
                     bar.total = self.steps_per_epoch * self.epochs
-                bar.set_postfix(loss=f"{train_stats['loss']:.3f}",
-                                **{self.select_metric: f"{score:.3f}"})
+                if lines:
+                    self._epoch_line(row, validated)
+                post = {"loss": f"{train_stats['loss']:.3f}"}
+                if validated:
+                    post[self.select_metric] = f"{score:.3f}"
+                bar.set_postfix(**post)
             return self.evaluate()
         finally:
             bar.close()
@@ -485,4 +585,5 @@ class Trainer:
         return evaluate_best(written_run(self.run_dir, self.cfg), self.cfg, self.bundle, self.net,
                              self.program, self.device, self.rank, history=self.history,
                              select_metric=self.select_metric, ood=ood,
-                             budget=None if self.budget is None else self.budget.as_dict())
+                             budget=None if self.budget is None else self.budget.as_dict(),
+                             memory=self.memory)
