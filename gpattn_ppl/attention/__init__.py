@@ -2,6 +2,7 @@
 
 from .base import AttentionUnit, MCDropout, check_attention_inputs
 from .cgpt import CGPTAttention
+from .gp_unit import GPAttentionUnit
 from .gumbel import GumbelAttention
 from .h_gumbel import HierarchicalGumbelAttention
 from .kep_svgp import KEPSVGPAttention
@@ -35,7 +36,8 @@ from .scgpt import SCGPTAttention
 from .sgpa import SGPAttention
 from .softmax import SoftmaxAttention
 
-__all__ = ["ATTENTION", "AttentionUnit", "CGPTAttention", "SCGPTAttention", "GumbelAttention",
+__all__ = ["ATTENTION", "AttentionUnit", "CGPTAttention", "GPAttentionUnit", "SCGPTAttention",
+           "GumbelAttention",
            "HierarchicalGumbelAttention", "KEPSVGPAttention", "KernelAttention", "MCDropout",
            "NOISE_TARGET", "QUERY_SCALES", "SGPAttention", "SoftmaxAttention", "SoftmaxWeights",
            "attention_option_types", "attention_options", "build_attention",

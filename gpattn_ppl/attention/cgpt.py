@@ -9,11 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributions import AttentionPredictive
 from ..gp.correlated_gp import CorrelatedGP
 from ..kernels.canonical_se import canonical_projection_init_
-from ..linalg import gp_precision
-from .base import AttentionUnit
+from .gp_unit import GPAttentionUnit
 from .pretrained import (
     SoftmaxWeights,
     copy_output_projection,
@@ -30,7 +28,7 @@ _LATENT = ("free", "key_offset")
 _REDUCTIONS = ("sum", "mean")
 
 
-class _CorrelatedAttention(AttentionUnit):
+class _CorrelatedAttention(GPAttentionUnit):
     """Projections shared by CGPT and SCGPT: q, k, v, latent inputs x_o, output W_O.
 
     ``proj`` is one bias-free ``Linear(C, 3C)`` split role-major ``[B, N, 3, H, D]`` into
@@ -40,9 +38,17 @@ class _CorrelatedAttention(AttentionUnit):
     ``latent`` projection (``latent="free"``, CGPT §5.1) or ``W_o = W_k + latent_offset`` with
     the offset initialised at 0 (``latent="key_offset"``): the unit then starts as the
     asymmetric kernel attention it was warm-started from (x_o = k; exact as σ² → 0).
+    The head (``gp``) holds the regulariser options (``cgp_loss``, ``cgp_reduction``, ...).
     """
 
-    stochastic = True
+    @property
+    def head(self):
+        """The GP head, ``gp``."""
+        return self.gp
+
+    cgp_loss = property(lambda self: self.gp.loss, doc="The regulariser (``gp.loss``).")
+    cgp_reduction = property(lambda self: self.gp.reduction,
+                             doc="Its reduction (``gp.reduction``).")
 
     def init_inducing_from(self, x: torch.Tensor, mask: torch.Tensor | None) -> list[str]:
         """Fit data-dependent inducing inputs from the inputs ``x [B, N, C]`` of a calibration
@@ -50,27 +56,11 @@ class _CorrelatedAttention(AttentionUnit):
         none (SCGPT overrides it)."""
         return []
 
-    def _where(self) -> str:
-        """The module path named in numerics messages (the class name outside a model)."""
-        return self.site_prefix or type(self).__name__
-
-    def _init_reduction(self, reduction: str) -> None:
+    @staticmethod
+    def _check_reduction(reduction: str) -> None:
         if reduction not in _REDUCTIONS:
             raise ValueError(f"cgp_reduction must be one of {', '.join(_REDUCTIONS)}, "
                              f"got {reduction!r}")
-        self.cgp_reduction = reduction
-
-    def _add_cgp_term(self, bound: torch.Tensor, mask: torch.Tensor | None, N: int,
-                      dtype: torch.dtype) -> None:
-        r"""Expose ``cgp_loss`` ``[B]`` = minus ``bound`` (summed over heads and columns), or with
-        ``cgp_reduction="mean"`` minus its average per entry, :math:`-\text{bound} / (H D n_b)`
-        (:math:`n_b` real tokens): the same maximiser per sequence, on the scale of one token's
-        cross-entropy instead of :math:`H D n_b` times it."""
-        if self.cgp_reduction == "mean":
-            n_b = (mask.sum(-1) if mask is not None
-                   else torch.full_like(bound, float(N))).to(bound.dtype)
-            bound = bound / (self.heads * self.head_dim * n_b.clamp_min(1.0))
-        self.add_term("cgp_loss", -bound.to(dtype))
 
     def _init_projections(self, latent: str) -> None:
         if latent not in _LATENT:
@@ -92,45 +82,13 @@ class _CorrelatedAttention(AttentionUnit):
             return self.latent.weight
         return self.proj.weight[self.dim: 2 * self.dim] + self.latent_offset
 
-    def project(self, x: torch.Tensor):
+    def project(self, x: torch.Tensor, mask: torch.Tensor | None = None):
         """``(q, k, v, x_o)``, each ``[B, H, N, D]``: one GEMM with the stacked weights
         :math:`[W_q; W_k; W_v; W_o]` (a copy of ``4 C x C`` numbers instead of a second pass
         over ``x``)."""
         B, N, _ = x.shape
         weight = torch.cat([self.proj.weight, self.latent_weight()], 0)
         return F.linear(x, weight).view(B, N, 4, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-
-    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        r"""The (posterior-mean) attention matrix :math:`\mathcal K` with
-        :math:`\nu = \mathcal K V`, ``[B, H, N, N]`` in the GP dtype (for analysis)."""
-        mask = self._check(x, mask)
-        q, k, _, x_o = self.project(x)
-        with gp_precision(x.device.type):
-            return self.gp.attention_matrix(self.gp.terms(q, k, x_o, mask, where=self._where()))
-
-    def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> AttentionPredictive:
-        """The predictive of the head outputs ``[B, H, N, D]`` at ``x`` (no sampling): the GP's
-        :class:`~gpattn_ppl.distributions.TokenNormal`, one token covariance per head."""
-        mask = self._check(x, mask)
-        q, k, v, x_o = self.project(x)
-        with gp_precision(x.device.type):
-            t = self.gp.terms(q, k, x_o, mask, where=self._where())
-            return AttentionPredictive.from_token_normal(self.gp.predictive(t, v))
-
-    def _emit(self, gp, t, v: torch.Tensor, x: torch.Tensor):
-        """One joint sample per (b, h) (or the mean), then heads -> W_O -> dropout; returns
-        ``(output [B, N, C], posterior mean [B, H, N, D])``. The predictive is built only when a
-        draw needs it (its covariance factor first, so the mean reuses :math:`F_q`)."""
-        built = []
-
-        def predictive():
-            built.append(gp.predictive(t, v))
-            return built[0]
-
-        with gp_precision(x.device.type):    # the draw in the GP dtype, W_O under autocast
-            z = self.sample("z", predictive, local=True, mean=lambda: gp.mean(t, v))
-        nu = built[0].mean if built else z
-        return self.proj_dropout(self.out(self.merge_heads(z.to(x.dtype)))), nu
 
 
 @register_attention("cgpt")
@@ -194,23 +152,11 @@ class CGPTAttention(_CorrelatedAttention):
                              f"got {cgp_loss!r}")
         if int(cgp_samples) < 1:
             raise ValueError(f"cgp_samples must be >= 1, got {cgp_samples}")
-        self.cgp_loss, self.cgp_samples = cgp_loss, int(cgp_samples)
-        self.cgp_observation_noise = bool(cgp_observation_noise)
-        self._init_reduction(cgp_reduction)
+        self._check_reduction(cgp_reduction)
         self._init_projections(latent)
-        self.gp = CorrelatedGP(heads, noise=noise, per_head_scales=per_head_scales)
-
-    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        q, k, v, x_o = self.project(x)
-        with gp_precision(x.device.type):
-            t = self.gp.terms(q, k, x_o, mask, where=self._where())
-        out, nu = self._emit(self.gp, t, v, x)
-        if self.training and self.cgp_loss != "none":
-            with gp_precision(x.device.type):
-                bound = self.gp.lower_bound(t, nu, v, self.cgp_loss, self.cgp_samples,
-                                            observation_noise=self.cgp_observation_noise)
-            self._add_cgp_term(bound, mask, x.shape[1], x.dtype)
-        return out
+        self.gp = CorrelatedGP(heads, noise=noise, per_head_scales=per_head_scales, loss=cgp_loss,
+                               samples=cgp_samples, observation_noise=cgp_observation_noise,
+                               reduction=cgp_reduction)
 
 
 # -- initialisation from a pretrained softmax layer (attention/pretrained.py) ------------------

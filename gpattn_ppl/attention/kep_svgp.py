@@ -8,11 +8,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..distributions import AttentionPredictive
 from ..features.kernel_eigen import FEATURE_MAPS, KernelEigenFeatures
-from ..linalg import gp_precision
 from ..variational.kernel_eigen_pair_strategy import KernelEigenPairStrategy
-from .base import AttentionUnit
+from .gp_unit import GPAttentionUnit
 from .pretrained import (
     SoftmaxWeights,
     copy_output_projection,
@@ -30,7 +28,7 @@ U_DRAWS = ("sequence", "batch")
 
 
 @register_attention("kep_svgp")
-class KEPSVGPAttention(AttentionUnit):
+class KEPSVGPAttention(GPAttentionUnit):
     r"""KEP-SVGP self-attention (Chen et al., ICML 2024, eqs. 10-21).
 
     Per head, the KSVD projections :math:`E, R \in \mathbb R^{N\times s}` of
@@ -94,8 +92,6 @@ class KEPSVGPAttention(AttentionUnit):
     (torch.Size([4, 5, 8]), ['kl', 'ksvd_loss'])
     """
 
-    stochastic = True
-
     def __init__(self, dim: int, heads: int, *, rank: int = 5,
                  merge: Literal["add", "concat", "concat_features"] = "add",
                  feature_map: Literal["cosine", "linear"] = "cosine",
@@ -119,7 +115,8 @@ class KEPSVGPAttention(AttentionUnit):
         self.rank, self.merge, self.u_draws = s, merge, u_draws
         self.seq_len, self.token_mixing = (None if seq_len is None else int(seq_len)), token_mixing
         self.strategy = KernelEigenPairStrategy(
-            KernelEigenFeatures(dim, heads, s, feature_map=feature_map))
+            KernelEigenFeatures(dim, heads, s, feature_map=feature_map), merge=merge,
+            u_draws=u_draws)
         bound = 1.0 / math.sqrt(s)
         if merge == "add":
             self.W_add = nn.Parameter(torch.empty(heads, s, D).uniform_(-bound, bound))
@@ -143,44 +140,32 @@ class KEPSVGPAttention(AttentionUnit):
         """The layer's :class:`~gpattn_ppl.features.KernelEigenFeatures`."""
         return self.strategy.features
 
-    # -- inducing values ------------------------------------------------------------------------
-    def draw_u(self, batch: int) -> torch.Tensor:
-        r"""Draw :math:`U` (latent ``u``): ``[B, H, s, s]`` per sequence, ``[H, s, s]`` per batch
-        or as the posterior mean; its KL (eq. 21, summed) becomes the 0-d ``kl`` term."""
-        strat = self.strategy
-        return self.sample("u", lambda: strat.variational_distribution,
-                           lambda: strat.prior_distribution, local=False,
-                           kl=lambda: strat.kl_divergence().sum(),
-                           per_sequence=batch if self.u_draws == "sequence" else None,
-                           mean=lambda: strat.variational_mean)
+    @property
+    def head(self) -> KernelEigenPairStrategy:
+        """The GP head: the strategy."""
+        return self.strategy
 
-    # -- forward --------------------------------------------------------------------------------
     def _check_length(self, N: int) -> None:
         if self.merge == "concat" and N != self.seq_len:
-            raise ValueError(f"{self.site_prefix or type(self).__name__}: merge='concat' was built "
+            raise ValueError(f"{self._where()}: merge='concat' was built "
                              f"for seq_len={self.seq_len}, got N={N}")
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        r"""``[B, N, C] -> [B, N, C]``: the projections :math:`E, R` (exposing ``ksvd_loss``),
-        one draw of :math:`U` (:meth:`draw_u`), the branches :math:`F = P\Lambda^{-1}U`, their
-        ``merge`` into the head outputs, then :math:`W_O` and dropout."""
-        B, N, _ = x.shape
-        self._check_length(N)
-        E, R = self.features(x, mask)                         # [B, H, N, s] in the GP dtype
-        with gp_precision(x.device.type):
-            self.add_term("ksvd_loss", self.features.ksvd_loss(E, R, mask))
-            u = self.draw_u(B)
-            if self.merge == "add":
-                F = self.strategy.function_values(E + R, u).to(x.dtype)       # [B, H, N, s]
-            else:
-                Fe = self.strategy.function_values(E, u).to(x.dtype)
-                Fr = self.strategy.function_values(R, u).to(x.dtype)
+    def project(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple:
+        """The KSVD projections ``E, R`` ``[B, H, N, s]`` (GP dtype) and the output map."""
+        self._check_length(x.shape[1])
+        E, R = self.features(x, mask)
+        return E, R, self._output_maps
+
+    def output(self, f, x: torch.Tensor) -> torch.Tensor:
+        r"""The ``merge`` of the branches into the head outputs, then :math:`W_O` and dropout."""
         if self.merge == "add":
-            O = torch.matmul(F, self.W_add)                                    # [B, H, N, D]
-        elif self.merge == "concat_features":
-            O = torch.matmul(torch.cat([Fe, Fr], -1), self.W_cat)
+            O = torch.matmul(f.to(x.dtype), self.W_add)                        # [B, H, N, D]
         else:
-            O = torch.matmul(self._mix_tokens(torch.cat([Fe, Fr], -2)), self.W_2)
+            Fe, Fr = (F.to(x.dtype) for F in f)
+            if self.merge == "concat_features":
+                O = torch.matmul(torch.cat([Fe, Fr], -1), self.W_cat)
+            else:
+                O = torch.matmul(self._mix_tokens(torch.cat([Fe, Fr], -2)), self.W_2)
         return self.proj_dropout(self.out(self.merge_heads(O)))
 
     def _output_maps(self, E: torch.Tensor, R: torch.Tensor
@@ -195,25 +180,6 @@ class KEPSVGPAttention(AttentionUnit):
             s = self.rank
             return [(Et, self.W_cat[:, :s]), (Rt, self.W_cat[:, s:])]
         return [(self._mix_tokens(torch.cat([Et, Rt], -2)), self.W_2)]
-
-    def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> AttentionPredictive:
-        r"""The exact posterior of the head outputs ``[B, H, N, D]`` under q(u) (no sampling):
-        column j of head h has mean :math:`\sum_r G_r M^\top W_{r,:j}` and covariance root
-        :math:`[\sum_r W_{r,dj}\,G_rL_d]_{d=1..s}` (rank :math:`s^2`). Pad tokens have exactly
-        zero variance."""
-        mask = self._check(x, mask)
-        self._check_length(x.shape[1])
-        E, R = self.features(x, mask)
-        with gp_precision(x.device.type):
-            m, L, _ = self.strategy.q_params(E.dtype)                # [H,s,s], [H,s,s,s]
-            mean, root = 0.0, 0.0
-            for G, W in self._output_maps(E, R):
-                W = W.to(E.dtype)
-                mean = mean + torch.einsum("bhni,hdi,hdj->bhnj", G, m, W)
-                GL = torch.einsum("bhni,hdik->bhndk", G, L)              # G L_d
-                root = root + torch.einsum("bhndk,hdj->bhjndk", GL, W)
-            B, H, D, N = root.shape[:4]
-            return AttentionPredictive.from_root(mean, root.reshape(B, H, D, N, -1))
 
     def _mix_tokens(self, F_cat: torch.Tensor) -> torch.Tensor:
         """``W_1 F^cat``: ``[B, H, 2N, s] -> [B, H, N, s]``, dense or as ``A (B^T F^cat)``."""

@@ -7,7 +7,6 @@ from typing import Literal
 import torch
 
 from ..gp.sparse_correlated_gp import SparseCorrelatedGP
-from ..linalg import gp_precision
 from .cgpt import _CorrelatedAttention
 from .registry import register_attention
 
@@ -75,12 +74,13 @@ class SCGPTAttention(_CorrelatedAttention):
             raise ValueError(f"cgp_loss must be one of {', '.join(self.LOSSES)}, got {cgp_loss!r}")
         if inducing_init not in ("data", "random"):
             raise ValueError(f"inducing_init must be 'data' or 'random', got {inducing_init!r}")
-        self.cgp_loss, self.inducing_init = cgp_loss, inducing_init
-        self._init_reduction(cgp_reduction)
+        self.inducing_init = inducing_init
+        self._check_reduction(cgp_reduction)
         self._init_projections(latent)
         self.gp = SparseCorrelatedGP(heads, self.head_dim, num_inducing=num_inducing,
                                      num_inducing_keys=num_inducing_keys, noise=noise,
-                                     per_head_scales=per_head_scales, k_o=k_o)
+                                     per_head_scales=per_head_scales, k_o=k_o, loss=cgp_loss,
+                                     reduction=cgp_reduction)
         self._inducing_ready: bool | None = None  # host-side mirror of the buffer
 
     def _load_from_state_dict(self, *args, **kwargs):
@@ -97,23 +97,13 @@ class SCGPTAttention(_CorrelatedAttention):
         self._inducing_ready = True
         return ["inducing inputs s_m, s_l (from the calibration batch)"]
 
-    def _maybe_init_inducing(self, x_o, k, mask) -> None:
+    def before_attend(self, inputs: tuple, mask: torch.Tensor | None) -> None:
+        """With ``inducing_init="data"``, place the inducing inputs on the first training call."""
         if self.inducing_init != "data" or not self.training:
             return
         if self._inducing_ready is None:
             self._inducing_ready = bool(self.gp.inducing_initialized)
         if not self._inducing_ready:
+            _, k, _, x_o = inputs
             self.gp.init_inducing_(x_o, k, mask)
             self._inducing_ready = True
-
-    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        q, k, v, x_o = self.project(x)
-        with gp_precision(x.device.type):
-            self._maybe_init_inducing(x_o, k, mask)
-            t = self.gp.terms(q, k, x_o, mask, where=self._where())
-        out, nu = self._emit(self.gp, t, v, x)
-        if self.training and self.cgp_loss != "none":
-            with gp_precision(x.device.type):
-                bound = self.gp.lower_bound(t, nu, v)
-            self._add_cgp_term(bound, mask, x.shape[1], x.dtype)
-        return out

@@ -8,11 +8,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..distributions import AttentionPredictive
 from ..kernels import KERNELS, make_attention_kernel
-from ..linalg import gp_precision
 from ..variational.sgpa_strategy import DecoupledSGPAStrategy, SGPAStrategy
-from .base import AttentionUnit
+from .gp_unit import GPAttentionUnit
 from .pretrained import (
     SoftmaxWeights,
     copy_output_projection,
@@ -29,7 +27,7 @@ __all__ = ["SGPAttention"]
 
 
 @register_attention("sgpa")
-class SGPAttention(AttentionUnit):
+class SGPAttention(GPAttentionUnit):
     r"""SGPA attention: per head, a sparse GP whose posterior mean is kernel attention.
 
     Tied projection :math:`q = X W_{qk}` (:math:`W_q = W_k`, so the kernel is a covariance of the
@@ -114,8 +112,6 @@ class SGPAttention(AttentionUnit):
     (torch.Size([3, 5, 8]), torch.Size([3]))
     """
 
-    stochastic = True
-
     def __init__(self, dim: int, heads: int, *,
                  variant: Literal["standard", "decoupled"] = "decoupled", num_inducing: int = 16,
                  kernel: Literal["exponential", "rbf", "canonical"] = "exponential",
@@ -144,7 +140,8 @@ class SGPAttention(AttentionUnit):
         if variant == "standard":
             self.strategy = SGPAStrategy(k, heads, max_len)
         else:
-            self.strategy = DecoupledSGPAStrategy(k, heads, self.head_dim, dim, num_inducing)
+            self.strategy = DecoupledSGPAStrategy(k, heads, self.head_dim, dim, num_inducing,
+                                                  cov=cov)
         self.out = nn.Linear(dim, dim)
 
     @property
@@ -157,81 +154,17 @@ class SGPAttention(AttentionUnit):
         """The tied projection :math:`W_{qk}` viewed per head, ``[H, D, C]``."""
         return self.proj.weight[: self.dim].view(self.heads, self.head_dim, self.dim)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tied queries/keys and values ``[B, H, N, D]`` (role-major split of the fused weight)."""
+    @property
+    def head(self) -> SGPAStrategy | DecoupledSGPAStrategy:
+        """The GP head: the variant's strategy."""
+        return self.strategy
+
+    def project(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple:
+        """Tied queries/keys and values ``[B, H, N, D]`` (role-major split of the fused weight);
+        decoupled: also :math:`W_{qk}` ``[H, D, C]``, which projects the global inducing keys."""
         B, N, _ = x.shape
         q, v = self.proj(x).view(B, N, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return q, v
-
-    def _where(self) -> str:
-        return self.site_prefix or type(self).__name__
-
-    # -- variants -------------------------------------------------------------------------------
-    def _prepare(self, q, v, mask):
-        if self.variant == "standard":
-            return self.strategy.prepare(q, v, mask, where=self._where())
-        return self.strategy.prepare(q, v, self.qk_weight, mask, where=self._where())
-
-    def _standard(self, state):
-        strat = self.strategy
-        q_u = strat.variational_distribution(state)                    # views, no algebra
-        u_w = self.sample("u", q_u, lambda: strat.prior_distribution(q_u),
-                          local=True, kl=lambda: strat.kl_divergence(state),
-                          mean=lambda: state.q_mu)                      # [B, H, N, D]
-        return strat.propagate(state, u_w)
-
-    def _decoupled(self, state, batch: int):
-        strat = self.strategy
-        self.add_term("kl", strat.kl_gamma(state).flatten(1).sum(-1))
-        u_w = None
-        if self.num_inducing > 0:
-            q_u = strat.variational_distribution(state)
-            # global, one draw per sequence (its KL, counted once, becomes ``kl_global``)
-            u_w = self.sample("u", q_u, strat.prior_distribution(q_u), local=False,
-                              per_sequence=batch)
-            if u_w.dim() == 3:                                          # the mean, [H, D, M]
-                u_w = u_w.unsqueeze(0)
-        f = strat.propagate(state, u_w)
-        # the conditional part xi ~ N(0, K_qq - A^T A): a latent with prior = q (KL 0); 0 as mean
-        xi = self.sample("xi", lambda: strat.conditional_noise(state, cov=self.cov,
-                                                               where=self._where()),
-                         local=True, mean=lambda: f.new_zeros(()))
-        return f + xi
-
-    # -- contract -------------------------------------------------------------------------------
-    def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        q, v = self.project(x)
-        with gp_precision(x.device.type):
-            state = self._prepare(q, v, mask)
-            if self.variant == "standard":
-                f = self._standard(state)
-            else:
-                f = self._decoupled(state, q.shape[0])
-        return self.proj_dropout(self.out(self.merge_heads(f.to(x.dtype))))
-
-    def predictive(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> AttentionPredictive:
-        """The posterior of the head outputs ``[B, H, N, D]`` at ``x`` (no sampling)."""
-        mask = self._check(x, mask)
-        q, v = self.project(x)
-        with gp_precision(x.device.type):
-            return AttentionPredictive.from_mvn(self.strategy(self._prepare(q, v, mask)))
-
-    def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        r"""The matrix the posterior mean applies to the values, ``[B, H, N, N]`` (GP dtype):
-        standard :math:`LL^\top = K_{kk} + \epsilon\,\mathrm{diag}K_{kk}`, decoupled
-        :math:`K_{qq} - A^\top A` (pad rows and columns 0)."""
-        mask = self._check(x, mask)
-        q, v = self.project(x)
-        with gp_precision(x.device.type):
-            state = self._prepare(q, v, mask)
-            if self.variant == "standard":
-                A = state.L @ state.L.mT
-            else:
-                A = self.strategy.conditional_covariance(state)
-        if mask is None:
-            return A
-        pair = (mask[:, None, :, None] & mask[:, None, None, :]).to(A.dtype)
-        return A * pair
+        return (q, v) if self.variant == "standard" else (q, v, self.qk_weight)
 
 
 # -- initialisation from a pretrained softmax layer (attention/pretrained.py) ------------------

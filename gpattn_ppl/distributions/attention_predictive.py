@@ -5,8 +5,11 @@ from __future__ import annotations
 import torch
 from gpytorch.distributions import MultivariateNormal
 from linear_operator.operators import (
+    DenseLinearOperator,
     DiagLinearOperator,
+    LinearOperator,
     LowRankRootLinearOperator,
+    MatmulLinearOperator,
     RootLinearOperator,
     SumLinearOperator,
 )
@@ -28,7 +31,9 @@ class AttentionPredictive:
       gpytorch :class:`~gpytorch.distributions.MultivariateNormal` with batch ``[B, H, D]`` and
       event ``N`` and a lazy (linear-operator) covariance; ``None`` for deterministic units.
 
-    Build it with :meth:`from_mvn`, :meth:`from_token_normal` or :meth:`point`.
+    Build it with :meth:`from_mvn`, :meth:`from_root`, :meth:`from_token_normal` or
+    :meth:`point`; :meth:`masked` zeroes the padded tokens (every GP unit returns it masked:
+    mean, variance and joint exactly 0 on pads).
 
     >>> p = AttentionPredictive.point(torch.zeros(2, 3, 5, 4))
     >>> p.mean.shape, float(p.variance.abs().sum()), p.mvn is None
@@ -80,3 +85,32 @@ class AttentionPredictive:
             nv = tn.noise_var.reshape(tn.noise_var.shape + (1, 1)).expand(shape)
             cov = SumLinearOperator(RootLinearOperator(R), DiagLinearOperator(nv))
         return cls(tn.loc, tn.variance, MultivariateNormal(tn.loc.mT, cov))
+
+    def masked(self, mask: torch.Tensor | None) -> AttentionPredictive:
+        """The same predictive with the padded tokens (``mask [B, N]`` False) exactly 0: mean,
+        variance and the rows and columns of the joint. Real tokens are multiplied by 1 (exact).
+        The joint stays lazy: roots get their pad rows zeroed, other operators are wrapped."""
+        if mask is None:
+            return self
+        keep = mask[:, None, :, None].to(self.mean.dtype)
+        mean, variance = self.mean * keep, self.variance * keep
+        mvn = None
+        if self.mvn is not None:
+            cov = self.mvn.lazy_covariance_matrix
+            m = mask[:, None, None, :].to(cov.dtype).expand(cov.shape[:-1])
+            mvn = MultivariateNormal(mean.mT, _mask_operator(cov, m))
+        return type(self)(mean, variance, mvn)
+
+
+def _mask_operator(cov: LinearOperator, m: torch.Tensor) -> LinearOperator:
+    r""":math:`D_m\,\Sigma\,D_m` with :math:`D_m = \mathrm{diag}(m)`, keeping the structure."""
+    if isinstance(cov, (RootLinearOperator, LowRankRootLinearOperator)):
+        return type(cov)(MatmulLinearOperator(DiagLinearOperator(m), cov.root))
+    if isinstance(cov, SumLinearOperator):
+        return SumLinearOperator(*(_mask_operator(op, m) for op in cov.linear_ops))
+    if isinstance(cov, DiagLinearOperator):
+        return DiagLinearOperator(cov.diagonal(dim1=-2, dim2=-1) * m)
+    if isinstance(cov, DenseLinearOperator):
+        return DenseLinearOperator(cov.tensor * m.unsqueeze(-1) * m.unsqueeze(-2))
+    D = DiagLinearOperator(m)
+    return MatmulLinearOperator(D, MatmulLinearOperator(cov, D))

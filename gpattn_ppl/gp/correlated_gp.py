@@ -16,23 +16,25 @@ from __future__ import annotations
 import math
 from functools import cached_property
 
-import gpytorch
 import torch
 
 from .. import linalg, settings
+from ..distributions import AttentionPredictive
 from ..distributions.token_normal import TokenNormal
 from ..kernels.canonical_se import CanonicalSEKernel
+from .head import GPHead, Sample
 from .scales import CorrelatedScales
 
-__all__ = ["CorrelatedGP", "CGPTerms", "KernelTerms"]
+__all__ = ["CorrelatedGP", "CorrelatedHead", "CGPTState", "KernelState"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
 
-class KernelTerms:
-    """Base of the per-call term objects: the inputs of a call in the GP dtype, the output
-    scales, the noise, the masks, and the kernel matrices of the call, masked.
+class KernelState:
+    """Base of the prepared states of the correlated GPs: the inputs of a call in the GP dtype,
+    the values, the output scales, the noise, the masks, and the kernel matrices of the call,
+    masked (each computed on first use). ``nu`` is the posterior mean once a draw has formed it.
 
     ``real`` is ``None`` or the ``[B, 1, N]`` bool mask of real tokens (broadcast over heads)
     that zeroes the padded rows (and, for token-by-token matrices, columns) of every kernel
@@ -40,8 +42,10 @@ class KernelTerms:
     """
 
     def __init__(self, q, k, x_o, *, scale_q, scale_k, noise: float, mask=None, where: str = "",
-                 kernel: CanonicalSEKernel | None = None) -> None:
+                 kernel: CanonicalSEKernel | None = None, v=None) -> None:
         dtype = settings.gp_dtype.resolve(q.dtype)
+        #: the values ``[B, H, N, D]`` (as given) and the posterior mean formed by the draw
+        self.v, self.nu = v, None
         self.q, self.k, self.x_o = q.to(dtype), k.to(dtype), x_o.to(dtype)
         self.dtype, self.device = dtype, q.device
         self.sq = scale_q.to(dtype).view(-1, 1, 1)
@@ -83,7 +87,7 @@ class KernelTerms:
         return K_stacked.split(n, dim=-2)
 
 
-class CGPTerms(KernelTerms):
+class CGPTState(KernelState):
     r"""The kernel matrices and factors of one CGP call, each computed on first use.
 
     Padding uses the block trick (:func:`~gpattn_ppl.linalg.block_mask`): every kernel matrix has
@@ -97,9 +101,9 @@ class CGPTerms(KernelTerms):
     """
 
     def __init__(self, q, k, x_o, *, scale_q, scale_k, noise: float, mask=None, where: str = "",
-                 kernel: CanonicalSEKernel | None = None) -> None:
+                 kernel: CanonicalSEKernel | None = None, v=None) -> None:
         super().__init__(q, k, x_o, scale_q=scale_q, scale_k=scale_k, noise=noise, mask=mask,
-                         where=where, kernel=kernel)
+                         where=where, kernel=kernel, v=v)
         #: ``[B, 1, N, N]`` identity on the padded positions (0 without a mask)
         self.pad_eye = (0.0 if mask is None
                         else torch.diag_embed(1.0 - mask.to(self.dtype))[:, None])
@@ -274,7 +278,60 @@ class CGPTerms(KernelTerms):
         return self.marginal_q - G.mT @ G
 
 
-class CorrelatedGP(CorrelatedScales, gpytorch.Module):
+class CorrelatedHead(CorrelatedScales, GPHead):
+    r"""The GP-head steps shared by the exact and the sparse correlated GP.
+
+    The latent ``z`` is the predictive draw itself (its variational distribution is
+    :meth:`posterior`, its prior none: KL 0), one joint sample over the tokens of each (b, h),
+    or :math:`\nu` in the posterior-mean mode; the posterior is built only when a draw needs it
+    (its covariance factor first, so the mean reuses it). The training term ``cgp_loss`` ``[B]``
+    is minus the CGP bound (``bound``) summed over heads and columns, or with
+    ``reduction="mean"`` averaged per entry: :math:`-\text{bound} / (H D n_b)` (:math:`n_b` real
+    tokens), the same maximiser per sequence on the scale of one token's cross-entropy.
+    """
+
+    term_names = ("cgp_loss",)
+    #: the regulariser (``"none"``: no ``cgp_loss``) and its reduction, ``"sum"`` or ``"mean"``
+    loss, reduction = "jensen", "mean"
+
+    def posterior(self, state, v=None, mean=None) -> TokenNormal:
+        """The distribution of the head outputs, a :class:`TokenNormal`."""
+        raise NotImplementedError
+
+    def draw(self, state: KernelState, sample: Sample) -> torch.Tensor:
+        """The local latent ``z`` ``[B, H, N, D]``; sets ``state.nu``, the posterior mean."""
+        built = []
+
+        def posterior():
+            built.append(self.posterior(state))
+            return built[0]
+
+        z = sample("z", posterior, local=True, mean=lambda: self.mean(state))
+        state.nu = built[0].mean if built else z
+        return z
+
+    def predictive(self, state: KernelState) -> AttentionPredictive:
+        """:meth:`posterior` (one token covariance per head) as an AttentionPredictive."""
+        return AttentionPredictive.from_token_normal(self.posterior(state))
+
+    def bound(self, state: KernelState) -> torch.Tensor:
+        """The CGP bound of the call with the head's options, ``[B]``."""
+        raise NotImplementedError
+
+    def training_terms(self, state: KernelState) -> dict[str, torch.Tensor]:
+        """``cgp_loss`` ``[B]`` (none with ``loss="none"``); needs :meth:`draw`'s ``nu``."""
+        if self.loss == "none":
+            return {}
+        bound = self.bound(state)
+        if self.reduction == "mean":
+            mask = state.mask
+            n_b = (mask.sum(-1) if mask is not None
+                   else torch.full_like(bound, float(state.q.shape[-2]))).to(bound.dtype)
+            bound = bound / (self.heads * state.nu.shape[-1] * n_b.clamp_min(1.0))
+        return {"cgp_loss": -bound}
+
+
+class CorrelatedGP(CorrelatedHead):
     r"""Exact correlated-GP attention head (CGPT eqs. 13-29, App. A-B), batched over B x H x D.
 
     Two GPs are affine input scalings of one canonical GP :math:`z_o \sim \mathcal{GP}(0,\kappa_o)`,
@@ -299,6 +356,9 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
     :param heads: H (σ_q, σ_k are per head with ``per_head_scales``, else shared).
     :param noise: σ, the observation-noise standard deviation of eqs. 19-20 (σ² enters).
     :param per_head_scales: one (σ_q, σ_k) pair per head instead of one shared pair [ref].
+    :param loss: the training term's bound, ``"jensen"``, ``"marginal"``, ``"mc"`` or ``"none"``
+        (:meth:`lower_bound`), with ``samples`` MC draws and ``observation_noise``;
+        ``reduction``: ``"mean"`` or ``"sum"`` (:class:`CorrelatedHead`).
 
     Cost per (b, h): O(N³) (Choleskys of :math:`K_o+\sigma^2I`, :math:`K_k+\sigma^2I`,
     :math:`\Sigma_\text{post}`; for the regulariser also :math:`\Sigma_q`, :math:`\Sigma_k`)
@@ -306,45 +366,51 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
 
     >>> gp = CorrelatedGP(heads=2)
     >>> q, k, xo, v = torch.randn(4, 3, 2, 5, 4).unbind(0)
-    >>> t = gp.terms(q, k, xo)
-    >>> gp.mean(t, v).shape, gp.predictive(t, v).covariance_matrix.shape
+    >>> state = gp.prepare(q, k, v, xo)
+    >>> gp.mean(state).shape, gp.posterior(state).covariance_matrix.shape
     (torch.Size([3, 2, 5, 4]), torch.Size([3, 2, 5, 5]))
     """
 
     LOSSES = ("jensen", "marginal", "mc", "none")
 
-    def __init__(self, heads: int, *, noise: float = 1e-2, per_head_scales: bool = False) -> None:
+    def __init__(self, heads: int, *, noise: float = 1e-2, per_head_scales: bool = False,
+                 loss: str = "jensen", samples: int = 1, observation_noise: bool = False,
+                 reduction: str = "mean") -> None:
         super().__init__()
         if not noise > 0:
             raise ValueError(f"noise must be > 0 (sigma of CGPT eqs. 19-20), got {noise}")
         self.heads, self.noise = int(heads), float(noise)
+        self.loss, self.samples, self.observation_noise = loss, int(samples), bool(observation_noise)
+        self.reduction = reduction
         self.kernel = CanonicalSEKernel()
         self._init_scales(self.heads, per_head_scales)
 
-    def terms(self, q, k, x_o, mask=None, *, where: str = "") -> CGPTerms:
-        """The lazily computed matrices of one call (``q, k, x_o: [B, H, N, D]``, mask ``[B, N]``)."""
-        return CGPTerms(q, k, x_o, scale_q=self.scale_q, scale_k=self.scale_k, noise=self.noise,
-                        mask=mask, where=where, kernel=self.kernel)
+    def prepare(self, q, k, v, x_o, *, mask=None, where: str = "") -> CGPTState:
+        """The prepared state of one call, its matrices computed on first use (``q, k, v, x_o:
+        [B, H, N, D]``, mask ``[B, N]``)."""
+        return CGPTState(q, k, x_o, scale_q=self.scale_q, scale_k=self.scale_k, noise=self.noise,
+                         mask=mask, where=where, kernel=self.kernel, v=v)
 
     # -- predictive -------------------------------------------------------------------------
-    def mean(self, t: CGPTerms, v: torch.Tensor) -> torch.Tensor:
+    def mean(self, t: CGPTState, v: torch.Tensor | None = None) -> torch.Tensor:
         r"""Posterior mean :math:`\nu = K_{qo}\,\mathrm{cholsolve}(K_{ok}V, L_o)`, ``[B, H, N, D]``
         (eq. 25 with the :math:`(K_k+\sigma^2I)` factors cancelled): one Cholesky. When the
-        covariance path has already formed :math:`F_q = P_oK_{oq}`, :math:`F_q^\top(K_{ok}V)`."""
-        v = v.to(t.dtype)
+        covariance path has already formed :math:`F_q = P_oK_{oq}`, :math:`F_q^\top(K_{ok}V)`.
+        ``v`` defaults to the state's values."""
+        v = (t.v if v is None else v).to(t.dtype)
         if "F_q" in vars(t):  # the covariance path has P_o K_oq already: no further solve
             return t.F_q.mT @ (t.K_ok @ v)
         if "factors_o" in vars(t):
             return t.K_qo @ (t.Linv_o.mT @ (t.Linv_o @ (t.K_ok @ v)))
         return t.K_qo @ linalg.cholesky_solve(t.K_ok @ v, t.L_o)
 
-    def attention_matrix(self, t: CGPTerms) -> torch.Tensor:
+    def attention_matrix(self, t: CGPTState) -> torch.Tensor:
         r"""The asymmetric attention matrix :math:`\mathcal K = K_{qo}P_oK_{ok}` (eq. 24),
         ``[B, H, N, N]``, with :math:`\nu = \mathcal K V`; padded columns are 0."""
         return t.F_q.mT @ t.K_ok
 
-    def predictive(self, t: CGPTerms, v: torch.Tensor, mean: torch.Tensor | None = None
-                   ) -> TokenNormal:
+    def posterior(self, t: CGPTState, v: torch.Tensor | None = None,
+                  mean: torch.Tensor | None = None) -> TokenNormal:
         r"""The predictive distribution :math:`z_q\mid z_k \sim` :class:`TokenNormal`
         :math:`(\nu, \Sigma_\text{post})`, batch ``[B, H]``, event ``(N, D)``; padded rows get
         unit variance (they are ignored downstream)."""
@@ -352,7 +418,12 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         return TokenNormal(self.mean(t, v) if mean is None else mean, scale_tril=L)
 
     # -- the CGP regulariser --------------------------------------------------------------------
-    def lower_bound(self, t: CGPTerms, nu: torch.Tensor, v: torch.Tensor, kind: str = "jensen",
+    def bound(self, state: CGPTState) -> torch.Tensor:
+        """:meth:`lower_bound` with the head's options at the draw's mean."""
+        return self.lower_bound(state, state.nu, state.v, self.loss, self.samples,
+                                observation_noise=self.observation_noise)
+
+    def lower_bound(self, t: CGPTState, nu: torch.Tensor, v: torch.Tensor, kind: str = "jensen",
                     samples: int = 1, *, observation_noise: bool = False) -> torch.Tensor:
         r"""The CGP objective per sequence, summed over heads and output columns, ``[B]``.
 
@@ -396,7 +467,7 @@ class CorrelatedGP(CorrelatedScales, gpytorch.Module):
         # sigma^2 I on the real block with observation noise; pads keep their unit diagonal
         shift = t.noise_eye if observation_noise else t.pad_eye
 
-        def factors(S, name):  # computed covariances: the model jitter of CGPTerms._chol
+        def factors(S, name):  # computed covariances: the model jitter of CGPTState._chol
             return linalg.cholesky_factors(S + shift if torch.is_tensor(shift) else S,
                                            where=f"{t.where} {name}", head_axis=1,
                                            jitter=t.model_jitter)

@@ -17,21 +17,19 @@ from __future__ import annotations
 import math
 from functools import cached_property
 
-import gpytorch
 import torch
 from torch import nn
 
 from .. import linalg
 from ..distributions.token_normal import TokenNormal
 from ..kernels.canonical_se import TARGET_SQ_DIST, CanonicalSEKernel
-from .correlated_gp import KernelTerms
-from .scales import CorrelatedScales
+from .correlated_gp import CorrelatedHead, KernelState
 
-__all__ = ["SparseCorrelatedGP", "SCGPTerms"]
-
+__all__ = ["SparseCorrelatedGP", "SCGPTState"]
 
 
-class SCGPTerms(KernelTerms):
+
+class SCGPTState(KernelState):
     r"""The matrices and factors of one SCGP call, each computed on first use.
 
     Token-side matrices are ``[B, H, N, m]`` / ``[B, H, N, l]`` with padded rows zeroed, so pads
@@ -48,9 +46,9 @@ class SCGPTerms(KernelTerms):
 
     def __init__(self, q, k, x_o, s_m, s_l, *, scale_q, scale_k, noise: float, mask=None,
                  where: str = "", kernel: CanonicalSEKernel | None = None,
-                 k_o: str = "exact") -> None:
+                 k_o: str = "exact", v=None) -> None:
         super().__init__(q, k, x_o, scale_q=scale_q, scale_k=scale_k, noise=noise, mask=mask,
-                         where=where, kernel=kernel)
+                         where=where, kernel=kernel, v=v)
         self.s_m, self.s_l, self.k_o = s_m.to(self.dtype), s_l.to(self.dtype), k_o
         #: ``[B, 1, N, 1]`` 0/1 factor of the real token rows (``None`` without a mask)
         self.row = None if mask is None else mask.to(self.dtype)[:, None, :, None]
@@ -207,7 +205,7 @@ class SCGPTerms(KernelTerms):
         return Y.mT @ Y
 
 
-class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
+class SparseCorrelatedGP(CorrelatedHead):
     r"""Sparse correlated-GP attention head with DTC conditionals (CGPT §4, App. C-E).
 
     Both conditionals of the CGP chain :math:`z_q\mid z_o` and :math:`z_o\mid z_k` are replaced
@@ -238,18 +236,22 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
     :param per_head_scales: one (σ_q, σ_k) pair per head instead of one shared pair.
     :param k_o: ``"exact"`` (the regulariser's :math:`K_o` term costs O(N² m) time, O(N²)
         memory) or ``"nystrom"`` (:math:`K_o\approx K_{ol}K_{ll}^{-1}K_{lo}`: O(N κ²) throughout).
+    :param loss: ``"jensen"`` (the training term ``cgp_loss``) or ``"none"``; ``reduction``:
+        ``"mean"`` or ``"sum"`` (:class:`~gpattn_ppl.gp.correlated_gp.CorrelatedHead`).
 
     >>> gp = SparseCorrelatedGP(heads=2, head_dim=4, num_inducing=3)
     >>> q, k, xo, v = torch.randn(4, 3, 2, 5, 4).unbind(0)
-    >>> t = gp.terms(q, k, xo)
-    >>> gp.mean(t, v).shape, gp.predictive(t, v).cov_root.shape
+    >>> state = gp.prepare(q, k, v, xo)
+    >>> gp.mean(state).shape, gp.posterior(state).cov_root.shape
     (torch.Size([3, 2, 5, 4]), torch.Size([3, 2, 5, 3]))
     """
 
     def __init__(self, heads: int, head_dim: int, *, num_inducing: int = 16,
                  num_inducing_keys: int | None = None, noise: float = 0.1,
-                 per_head_scales: bool = False, k_o: str = "exact") -> None:
+                 per_head_scales: bool = False, k_o: str = "exact", loss: str = "jensen",
+                 reduction: str = "mean") -> None:
         super().__init__()
+        self.loss, self.reduction = loss, reduction
         if not noise > 0:
             raise ValueError(f"noise must be > 0 (the DTC noise sigma), got {noise}")
         if k_o not in ("exact", "nystrom"):
@@ -296,28 +298,30 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
             param.copy_((pick + 0.01 * spread * noise).to(param))
         self.inducing_initialized.fill_(True)
 
-    def terms(self, q, k, x_o, mask=None, *, where: str = "") -> SCGPTerms:
-        """The lazily computed matrices of one call (``q, k, x_o: [B, H, N, D]``)."""
-        return SCGPTerms(q, k, x_o, self.inducing_m, self.inducing_l, scale_q=self.scale_q,
-                         scale_k=self.scale_k, noise=self.noise, mask=mask, where=where,
-                         kernel=self.kernel, k_o=self.k_o)
+    def prepare(self, q, k, v, x_o, *, mask=None, where: str = "") -> SCGPTState:
+        """The prepared state of one call, its matrices computed on first use (``q, k, v, x_o:
+        [B, H, N, D]``)."""
+        return SCGPTState(q, k, x_o, self.inducing_m, self.inducing_l, scale_q=self.scale_q,
+                          scale_k=self.scale_k, noise=self.noise, mask=mask, where=where,
+                          kernel=self.kernel, k_o=self.k_o, v=v)
 
     # -- predictive -------------------------------------------------------------------------
-    def mean(self, t: SCGPTerms, v: torch.Tensor) -> torch.Tensor:
-        r"""Posterior mean (eq. 33 with Z = V), right to left, ``[B, H, N, D]``."""
-        v = v.to(t.dtype)
+    def mean(self, t: SCGPTState, v: torch.Tensor | None = None) -> torch.Tensor:
+        r"""Posterior mean (eq. 33 with Z = V), right to left, ``[B, H, N, D]`` (``v`` defaults to
+        the state's values)."""
+        v = (t.v if v is None else v).to(t.dtype)
         a = t.Linv_l.mT @ (t.Linv_l @ (t.K_kl.mT @ v))              # B~_l^-1 K_lk V   [l, D]
         b = t.Linv_m.mT @ (t.Linv_m @ (t.K_om.mT @ (t.K_ol @ a)))    # B~_m^-1 K_mo K_ol a
         return t.K_qm @ b
 
-    def attention_matrix(self, t: SCGPTerms) -> torch.Tensor:
+    def attention_matrix(self, t: SCGPTState) -> torch.Tensor:
         r"""The attention matrix of eq. 35, :math:`\mathcal K = K_{qm}\tilde B_m^{-1}K_{mo}
         K_{ol}\tilde B_l^{-1}K_{lk}`, ``[B, H, N, N]`` -- formed for analysis only (O(N²))."""
         right = t.Linv_l.mT @ (t.Linv_l @ t.K_kl.mT)                   # B~_l^-1 K_lk  [l, N]
         left = t.Linv_m.mT @ (t.Linv_m @ t.C_ml)                        # B~_m^-1 K_mo K_ol
         return t.K_qm @ (left @ right)
 
-    def cov_root(self, t: SCGPTerms) -> torch.Tensor:
+    def cov_root(self, t: SCGPTState) -> torch.Tensor:
         r"""R with :math:`\Sigma_\text{post} = \sigma^2 I + RR^\top`, ``[B, H, N, m]``:
         :math:`R = \sigma\,K_{qm}\tilde B_m^{-1}\,\mathrm{chol}(Q)`."""
         A_qm = (t.K_qm @ t.Linv_m.mT) @ t.Linv_m                     # K_qm B~_m^-1  [N, m]
@@ -326,8 +330,8 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
         L_Q = t._chol(Q, "Q")
         return math.sqrt(t.noise_var) * (A_qm @ L_Q)
 
-    def predictive(self, t: SCGPTerms, v: torch.Tensor, mean: torch.Tensor | None = None
-                   ) -> TokenNormal:
+    def posterior(self, t: SCGPTState, v: torch.Tensor | None = None,
+                  mean: torch.Tensor | None = None) -> TokenNormal:
         r""":math:`z_q\mid z_k\sim` :class:`TokenNormal` :math:`(\nu, \sigma^2I + RR^\top)`."""
         nu = self.mean(t, v) if mean is None else mean
         return TokenNormal(nu, cov_root=self.cov_root(t),
@@ -335,7 +339,11 @@ class SparseCorrelatedGP(CorrelatedScales, gpytorch.Module):
                            where=t.where)
 
     # -- the sparse CGP regulariser -------------------------------------------------------------
-    def lower_bound(self, t: SCGPTerms, nu: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def bound(self, state: SCGPTState) -> torch.Tensor:
+        """:meth:`lower_bound` at the draw's mean."""
+        return self.lower_bound(state, state.nu, state.v)
+
+    def lower_bound(self, t: SCGPTState, nu: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         r"""The sparse CGP objective (App. E, eqs. 68-72, corrected), summed over heads and
         columns, ``[B]``.
 

@@ -1,5 +1,6 @@
-"""Public test mixins (inherit them to test a new attention unit)."""
+"""Public test mixins (inherit them to test a new attention unit or GP head)."""
 
 from .attention_unit import AttentionUnitTestCase
+from .gp_head import GPHeadTestCase, count_factorisations
 
-__all__ = ["AttentionUnitTestCase"]
+__all__ = ["AttentionUnitTestCase", "GPHeadTestCase", "count_factorisations"]

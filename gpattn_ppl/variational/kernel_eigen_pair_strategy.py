@@ -2,19 +2,43 @@
 
 from __future__ import annotations
 
-import gpytorch
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
-from gpytorch.distributions import MultivariateNormal
 from gpytorch.variational import CholeskyVariationalDistribution
-from linear_operator.operators import LowRankRootLinearOperator, MatmulLinearOperator
 
-from ..distributions import SharedScaleMVN
+from ..distributions import AttentionPredictive, SharedScaleMVN
 from ..features.kernel_eigen import KernelEigenFeatures
+from ..gp.head import GPHead, Sample
 
-__all__ = ["KernelEigenPairStrategy"]
+__all__ = ["KEPState", "KernelEigenPairStrategy"]
+
+#: the head output as a linear map of U, ``[(G_r [B, H, N, s], W_r [H, s, D])]``:
+#: :math:`O = \sum_r G_r U^\top W_r`
+OutputMaps = Callable[[torch.Tensor, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]
 
 
-class KernelEigenPairStrategy(gpytorch.Module):
+@dataclass
+class KEPState:
+    r"""The prepared state of one KEP-SVGP call: the KSVD projections (GP dtype).
+
+    :ivar E: :math:`E` ``[B, H, N, s]`` (pad rows 0).
+    :ivar R: :math:`R` ``[B, H, N, s]`` (pad rows 0).
+    :ivar output_maps: the unit's output as a linear map of U, called as
+        ``output_maps(E, R)`` by :meth:`KernelEigenPairStrategy.predictive` only.
+    :ivar mask: ``[B, N]`` or ``None``.
+    :ivar where: the unit named in messages.
+    """
+
+    E: torch.Tensor
+    R: torch.Tensor
+    output_maps: OutputMaps | None
+    mask: torch.Tensor | None
+    where: str = ""
+
+
+class KernelEigenPairStrategy(GPHead):
     r"""Variational strategy of KEP-SVGP (KEP eqs. 16-18, 21): one q(u) shared by two SVGPs.
 
     For head :math:`h` and output dimension :math:`d = 1..s` the inducing values
@@ -51,7 +75,7 @@ class KernelEigenPairStrategy(gpytorch.Module):
     (:math:`f_d = P\Lambda^{-1}u_d`, no :math:`K_{uu}` solve), and the features change with every
     input, so neither the call contract nor the memo applies. The strategy is a plain
     :class:`gpytorch.Module` with the same public surface (:attr:`prior_distribution`,
-    :attr:`variational_distribution`, :meth:`forward`, :meth:`kl_divergence`) and memoises
+    :attr:`variational_distribution`, :meth:`predictive`, :meth:`kl_divergence`) and memoises
     nothing.
 
     Initialisation [ours]: :math:`m_d \sim \mathcal N(0, \Lambda^2)`,
@@ -59,19 +83,32 @@ class KernelEigenPairStrategy(gpytorch.Module):
 
     :param features: the layer's :class:`~gpattn_ppl.features.KernelEigenFeatures` (owns
         :math:`W_q, W_k, W_e, W_r, \Lambda`); registered as the submodule ``features``.
+    :param merge: the unit's merge; ``"add"`` draws :math:`F` of :math:`E + R` (the branches
+        share u), any other one the two branches :math:`(F^e, F^r)`.
+    :param u_draws: ``"sequence"`` (one :math:`U` per sequence) or ``"batch"``.
+
+    As a GP head (:class:`~gpattn_ppl.gp.GPHead`): the state is :class:`KEPState`, the draw is
+    the global latent ``u`` pushed through :meth:`function_values`, the state term is
+    ``ksvd_loss`` and :meth:`predictive` pushes q(u) through the unit's (linear) output map.
+    The per-branch marginal :math:`q(f_d)` above is not a step of the unit (its output mixes
+    the branches through the output map, so the predictive is that push-forward); the tests
+    check it as a reference.
 
     Cost: mean O(N s²) per (b, h); a sample through :meth:`function_values` O(N s²); KL O(s³)
     per head, batch-free.
 
     >>> strat = KernelEigenPairStrategy(KernelEigenFeatures(8, 2, 3))
     >>> E, R = strat.features(torch.randn(4, 5, 8))
-    >>> q_e, q_r = strat(E, R)
-    >>> q_e.batch_shape, q_e.event_shape, strat.kl_divergence().shape
-    (torch.Size([4, 2, 3]), torch.Size([5]), torch.Size([2, 3]))
+    >>> strat.function_values(E + R, strat.variational_mean).shape, strat.kl_divergence().shape
+    (torch.Size([4, 2, 5, 3]), torch.Size([2, 3]))
     """
 
-    def __init__(self, features: KernelEigenFeatures) -> None:
+    term_names = ("ksvd_loss", "kl")
+
+    def __init__(self, features: KernelEigenFeatures, *, merge: str = "add",
+                 u_draws: str = "sequence") -> None:
         super().__init__()
+        self.merge, self.u_draws = merge, u_draws
         H, s = features.heads, features.rank
         self.q_u = CholeskyVariationalDistribution(s, batch_shape=torch.Size([H, s]))
         self.features = features
@@ -124,29 +161,7 @@ class KernelEigenPairStrategy(gpytorch.Module):
         L = self.q_u.chol_variational_covar.tril()
         return (self.q_u.variational_mean.to(dtype), L.to(dtype), self.features.lambda_.to(dtype))
 
-    # -- posteriors -----------------------------------------------------------------------------
-    def posterior(self, P: torch.Tensor) -> MultivariateNormal:
-        r"""The posterior of one branch, :math:`q(f_d) = \mathcal N(P\Lambda^{-1}m_d,
-        P\Lambda^{-1}S_d\Lambda^{-1}P^\top)`.
-
-        :param P: ``[B, H, N, s]`` projections (``E``, ``R``, or ``E + R`` for the add merge,
-            whose two branches share u).
-        :returns: MVN with batch ``[B, H, s]`` (d) and event ``N``; covariance a rank-s lazy
-            :class:`~linear_operator.operators.LowRankRootLinearOperator`.
-        """
-        m, L, lam = self.q_params(P.dtype)
-        Pt = P * lam.reciprocal()[:, None, :]                                  # P Λ^{-1}
-        mean = torch.einsum("bhni,hdi->bhdn", Pt, m)
-        B, H, N, s = Pt.shape
-        root = MatmulLinearOperator(Pt.unsqueeze(-3).expand(B, H, s, N, s),
-                                    L.expand(B, H, s, s, s))                   # (PΛ^{-1}) L_d
-        return MultivariateNormal(mean, LowRankRootLinearOperator(root))
-
-    def forward(self, E: torch.Tensor, R: torch.Tensor
-                ) -> tuple[MultivariateNormal, MultivariateNormal]:
-        r"""The SVGP pair ``(q(f^e), q(f^r))`` of eq. 16 (symmetric covariance), for ``E, R: [B, H, N, s]``."""
-        return self.posterior(E), self.posterior(R)
-
+    # -- conditional ------------------------------------------------------------------------------
     def function_values(self, P: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         r"""Function values given inducing values, :math:`F = P\Lambda^{-1}U` (eq. 18 via u).
 
@@ -156,7 +171,7 @@ class KernelEigenPairStrategy(gpytorch.Module):
         :param u: ``[B, H, s, s]`` (one draw per sequence) or ``[H, s, s]`` (one per batch), laid
             out ``u[..., h, d, i]`` like :attr:`variational_distribution`; ``u = m`` gives the mean.
         :returns: ``[B, H, N, s]`` (last axis d). With :math:`u_d \sim q(u_d)` the columns have
-            exactly the covariance of :meth:`posterior`.
+            exactly the covariance :math:`P\Lambda^{-1}S_d\Lambda^{-1}P^\top`.
         """
         Pt = P * self.features.lambda_.to(P.dtype).reciprocal()[:, None, :]  # P Λ^{-1}
         u = u.to(P.dtype)
@@ -182,3 +197,49 @@ class KernelEigenPairStrategy(gpytorch.Module):
         logdet_p = 2.0 * lam.log().sum(-1, keepdim=True)
         logdet_q = 2.0 * L.diagonal(dim1=-2, dim2=-1).abs().log().sum(-1)
         return 0.5 * (trace + maha + logdet_p - logdet_q - self.rank)
+
+    # -- the GP-head protocol --------------------------------------------------------------------
+    def prepare(self, E: torch.Tensor, R: torch.Tensor, output_maps: OutputMaps | None = None,
+                *, mask: torch.Tensor | None = None, where: str = "") -> KEPState:
+        """The state of a call: the projections ``E, R`` ``[B, H, N, s]`` of
+        :class:`~gpattn_ppl.features.KernelEigenFeatures` and the unit's output map."""
+        return KEPState(E=E, R=R, output_maps=output_maps, mask=mask, where=where)
+
+    def state_terms(self, state: KEPState) -> dict[str, torch.Tensor]:
+        """``ksvd_loss`` ``[B]`` (:meth:`KernelEigenFeatures.ksvd_loss`)."""
+        return {"ksvd_loss": self.features.ksvd_loss(state.E, state.R, state.mask)}
+
+    def draw(self, state: KEPState, sample: Sample):
+        r"""The global latent ``u`` (``[B, H, s, s]`` per sequence, ``[H, s, s]`` per batch or
+        the mean; KL eq. 21 summed, 0-d), then :math:`F = P\Lambda^{-1}U`: of :math:`E + R`
+        (``merge="add"``) or the pair :math:`(F^e, F^r)`."""
+        u = sample("u", lambda: self.variational_distribution, lambda: self.prior_distribution,
+                   local=False, kl=lambda: self.kl_divergence().sum(),
+                   per_sequence=state.E.shape[0] if self.u_draws == "sequence" else None,
+                   mean=lambda: self.variational_mean)
+        return self._branches(state, u)
+
+    def _branches(self, state: KEPState, u: torch.Tensor):
+        if self.merge == "add":
+            return self.function_values(state.E + state.R, u)
+        return self.function_values(state.E, u), self.function_values(state.R, u)
+
+    def mean(self, state: KEPState):
+        """The function values at :math:`U = M` (as :meth:`draw` returns them)."""
+        return self._branches(state, self.variational_mean)
+
+    def predictive(self, state: KEPState) -> AttentionPredictive:
+        r"""The exact push-forward of q(u) through the output map ``state.output_maps``
+        (:math:`O = \sum_r G_rU^\top W_r`): column j of head h has mean
+        :math:`\sum_r G_r M^\top W_{r,:j}` and covariance root
+        :math:`[\sum_r W_{r,dj}\,G_rL_d]_{d=1..s}` (rank :math:`s^2`)."""
+        E, R = state.E, state.R
+        m, L, _ = self.q_params(E.dtype)                                    # [H,s,s], [H,s,s,s]
+        mean, root = 0.0, 0.0
+        for G, W in state.output_maps(E, R):
+            W = W.to(E.dtype)
+            mean = mean + torch.einsum("bhni,hdi,hdj->bhnj", G, m, W)
+            GL = torch.einsum("bhni,hdik->bhndk", G, L)                      # G L_d
+            root = root + torch.einsum("bhndk,hdj->bhjndk", GL, W)
+        B, H, D, N = root.shape[:4]
+        return AttentionPredictive.from_root(mean, root.reshape(B, H, D, N, -1))

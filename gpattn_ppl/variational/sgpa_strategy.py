@@ -42,8 +42,9 @@ from torch import nn
 from torch.distributions import MultivariateNormal as TorchMVN
 
 from .. import settings
-from ..distributions import SharedScaleMVN, StandardNormalMVN, TokenNormal
+from ..distributions import AttentionPredictive, SharedScaleMVN, StandardNormalMVN, TokenNormal
 from ..features.inducing_keys import GlobalInducingKeys
+from ..gp.head import GPHead, Sample
 from ..kernels import gram
 from ..linalg import block_mask, free_cholesky, mask_rows, scaled_cholesky, triangular_solve
 
@@ -62,6 +63,7 @@ class SGPAState:
     :ivar q_mu: whitened variational mean :math:`m_w` ``[B, H, N, D]``.
     :ivar q_sqrt: whitened covariance root :math:`R`, :math:`\tilde S = R R^\top` ``[B|1, H, N, N]``.
     :ivar mask: ``[B, N]`` or ``None``.
+    :ivar where: the unit named in numerics messages.
     """
 
     k: torch.Tensor
@@ -71,9 +73,10 @@ class SGPAState:
     q_mu: torch.Tensor
     q_sqrt: torch.Tensor
     mask: torch.Tensor | None
+    where: str = ""
 
 
-class SGPAStrategy(gpytorch.Module):
+class SGPAStrategy(GPHead):
     r"""Standard SGPA [ours]: the keys of the sequence are the inducing inputs.
 
     Per head and channel c, with :math:`K = \kappa(k, k)` (n x n, n real tokens) and
@@ -173,7 +176,7 @@ class SGPAStrategy(gpytorch.Module):
                             where=(where or "SGPAStrategy") + " K_kk", head_axis=1)
         m_w = L.mT @ v if self.mean_param == "dual" else triangular_solve(v, L)
         R = self.covariance_root(k.shape[-2], mask, dtype)
-        return SGPAState(k=k, v=v, K=K, L=L, q_mu=m_w, q_sqrt=R, mask=mask)
+        return SGPAState(k=k, v=v, K=K, L=L, q_mu=m_w, q_sqrt=R, mask=mask, where=where)
 
     def variational_distribution(self, state: SGPAState) -> TokenNormal:
         r""":math:`q(u_w)`: a :class:`~gpattn_ppl.distributions.TokenNormal` with batch ``[B, H]``
@@ -197,6 +200,30 @@ class SGPAStrategy(gpytorch.Module):
     def propagate(state: SGPAState, u_w: torch.Tensor) -> torch.Tensor:
         r"""Function values at the keys, :math:`f = L u_w`: ``u_w [B, H, N, D] -> [B, H, N, D]``."""
         return state.L @ u_w.to(state.L.dtype)
+
+    # -- the GP-head protocol --------------------------------------------------------------------
+    term_names = ("kl",)
+
+    def draw(self, state: SGPAState, sample: Sample) -> torch.Tensor:
+        """The local latent ``u`` (:meth:`variational_distribution`, KL
+        :meth:`kl_divergence`), then :math:`f = L u_w` ``[B, H, N, D]``."""
+        q_u = self.variational_distribution(state)                     # views, no algebra
+        u_w = sample("u", q_u, lambda: self.prior_distribution(q_u), local=True,
+                     kl=lambda: self.kl_divergence(state), mean=lambda: state.q_mu)
+        return self.propagate(state, u_w)
+
+    def mean(self, state: SGPAState) -> torch.Tensor:
+        r""":math:`L m_w` ``[B, H, N, D]``."""
+        return self.propagate(state, state.q_mu)
+
+    def predictive(self, state: SGPAState) -> AttentionPredictive:
+        """The marginal at the keys (:meth:`forward`) as an AttentionPredictive."""
+        return AttentionPredictive.from_mvn(self(state))
+
+    def attention_matrix(self, state: SGPAState) -> torch.Tensor:
+        r""":math:`LL^\top = K_{kk} + \epsilon\,\mathrm{diag}K_{kk}` ``[B, H, N, N]`` (pad rows
+        and columns 0)."""
+        return _pair_masked(state.L @ state.L.mT, state.mask)
 
     def forward(self, state: SGPAState, x_q: torch.Tensor | None = None,
                 mask_q: torch.Tensor | None = None) -> gpytorch.distributions.MultivariateNormal:
@@ -238,6 +265,7 @@ class DecoupledSGPAState:
     :ivar Av: :math:`A v` ``[B, H, M, D]``.
     :ivar Kv: :math:`K_{qq} v` ``[B, H, N, D]``.
     :ivar mask: ``[B, N]`` or ``None``.
+    :ivar where: the unit named in numerics messages.
     """
 
     v: torch.Tensor
@@ -247,9 +275,10 @@ class DecoupledSGPAState:
     Av: torch.Tensor
     Kv: torch.Tensor
     mask: torch.Tensor | None
+    where: str = ""
 
 
-class DecoupledSGPAStrategy(gpytorch.Module):
+class DecoupledSGPAStrategy(GPHead):
     r"""Orthogonally decoupled SGPA [paper: KEP §4.1; ref; Salimbeni et al. 2018].
 
     Two inducing sets per head: the tokens (γ, amortised: inputs :math:`q`, weights the values
@@ -284,6 +313,8 @@ class DecoupledSGPAStrategy(gpytorch.Module):
     :param kernel: ``[H]``-batched :class:`~gpytorch.kernels.ScaleKernel` (submodule ``kernel``).
     :param heads: H. :param head_dim: D. :param dim: C (input width of the inducing keys).
     :param num_inducing: M.
+    :param cov: how :meth:`draw` samples the conditional part, ``"full"`` or ``"diag"``
+        (:meth:`conditional_noise`).
 
     Parameters: ``inducing.inducing_inputs`` :math:`Z_\beta` ``[H, M, C]`` ~ N(0, 1) [ref];
     ``inducing_weights`` :math:`a_\beta` ``[H, M, D]`` ~ N(0, 0.1²) and ``raw_chol`` ``[H, D, M, M]``
@@ -301,9 +332,9 @@ class DecoupledSGPAStrategy(gpytorch.Module):
     """
 
     def __init__(self, kernel: ScaleKernel, heads: int, head_dim: int, dim: int,
-                 num_inducing: int) -> None:
+                 num_inducing: int, *, cov: str = "full") -> None:
         super().__init__()
-        self.kernel = kernel
+        self.kernel, self.cov = kernel, cov
         self.heads, self.head_dim, self.num_inducing = heads, head_dim, num_inducing
         self.inducing = GlobalInducingKeys(heads, num_inducing, dim)
         self.inducing_weights = nn.Parameter(0.1 * torch.randn(heads, num_inducing, head_dim))
@@ -328,7 +359,7 @@ class DecoupledSGPAStrategy(gpytorch.Module):
             K_bq = K_bq.masked_fill(~mask[:, None, None, :], 0.0)
         A = W_beta @ K_bq                                  # L_beta^-1 K_bq: a product, no solve
         return DecoupledSGPAState(v=v, K_qq=K_qq, L_beta=L_beta, A=A, Av=A @ v, Kv=K_qq @ v,
-                                  mask=mask)
+                                  mask=mask, where=where)
 
     def covariance_root(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         r""":math:`R_c` ``[H, D, M, M]``."""
@@ -408,3 +439,48 @@ class DecoupledSGPAStrategy(gpytorch.Module):
                                     R.unsqueeze(0).expand(B, H, D, M, M))
         return gpytorch.distributions.MultivariateNormal(
             mean.mT, SumLinearOperator(cond, RootLinearOperator(root)))
+
+    # -- the GP-head protocol --------------------------------------------------------------------
+    term_names = ("kl", "kl_global")
+
+    def state_terms(self, state: DecoupledSGPAState) -> dict[str, torch.Tensor]:
+        """``kl`` ``[B]``: the local (γ) KL part, :meth:`kl_gamma` summed."""
+        return {"kl": self.kl_gamma(state).flatten(1).sum(-1)}
+
+    def draw(self, state: DecoupledSGPAState, sample: Sample) -> torch.Tensor:
+        r"""The global latent ``u`` (one draw per sequence, its KL counted once:
+        ``kl_global``), :meth:`propagate`, then the conditional part ``xi`` (a local latent whose
+        prior is itself, KL 0; 0 in the posterior-mean mode): :math:`f + \xi` ``[B, H, N, D]``."""
+        u_w = None
+        if self.num_inducing > 0:
+            q_u = self.variational_distribution(state)
+            u_w = sample("u", q_u, self.prior_distribution(q_u), local=False,
+                         per_sequence=state.v.shape[0])
+            if u_w.dim() == 3:                                          # the mean, [H, D, M]
+                u_w = u_w.unsqueeze(0)
+        f = self.propagate(state, u_w)
+        xi = sample("xi", lambda: self.conditional_noise(state, cov=self.cov, where=state.where),
+                    local=True, mean=lambda: f.new_zeros(()))
+        return f + xi
+
+    def mean(self, state: DecoupledSGPAState) -> torch.Tensor:
+        r""":math:`K_{qq}v + A^\top(L_\beta^\top a_\beta - Av)` ``[B, H, N, D]``."""
+        if self.num_inducing == 0:
+            return state.Kv
+        return self.propagate(state, self.variational_distribution(state).loc.unsqueeze(0))
+
+    def predictive(self, state: DecoupledSGPAState) -> AttentionPredictive:
+        """The marginal :meth:`forward` as an AttentionPredictive."""
+        return AttentionPredictive.from_mvn(self(state))
+
+    def attention_matrix(self, state: DecoupledSGPAState) -> torch.Tensor:
+        r""":math:`K_{qq} - A^\top A` ``[B, H, N, N]`` (pad rows and columns 0); the mean adds
+        :math:`A^\top L_\beta^\top a_\beta`."""
+        return _pair_masked(self.conditional_covariance(state), state.mask)
+
+
+def _pair_masked(A: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``A [B, H, N, N]`` with the rows and columns of padded tokens 0."""
+    if mask is None:
+        return A
+    return A * (mask[:, None, :, None] & mask[:, None, None, :]).to(A.dtype)

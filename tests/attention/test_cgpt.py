@@ -68,7 +68,7 @@ def test_mean_is_eq25_with_one_solve_and_the_unit_returns_it():
         unit.gp.raw_scale_k.fill_(-0.3)
     x = _x()
     refs, q, k, v, xo = _refs(unit, x)
-    t = unit.gp.terms(q, k, xo)
+    t = unit.gp.prepare(q, k, v, xo)
     nu = unit.gp.mean(t, v)
     for (b, h), r in refs.items():
         torch.testing.assert_close(nu[b, h], r.mean(v[b, h]), rtol=1e-9, atol=1e-10)
@@ -85,13 +85,13 @@ def test_covariance_equals_second_moment_route_and_ignores_values():
     x = _x()
     refs, q, k, v, xo = _refs(unit, x)
     gp = unit.gp
-    dist = gp.predictive(gp.terms(q, k, xo), v)
+    dist = gp.posterior(gp.prepare(q, k, v, xo), v)
     cov = dist.covariance_matrix
     for (b, h), r in refs.items():
         for a in range(v.shape[-1]):  # same Sigma_post for every column
             torch.testing.assert_close(cov[b, h], r.cov_second_moment(v[b, h], a),
                                        rtol=1e-7, atol=1e-9)
-    other = gp.predictive(gp.terms(q, k, xo), 10 * torch.randn_like(v)).covariance_matrix
+    other = gp.posterior(gp.prepare(q, k, v, xo), 10 * torch.randn_like(v)).covariance_matrix
     torch.testing.assert_close(other, cov, rtol=1e-10, atol=1e-12)
     assert torch.linalg.eigvalsh(cov).min() > 0
     torch.testing.assert_close(dist.variance[..., 0], cov.diagonal(dim1=-2, dim2=-1))
@@ -103,7 +103,7 @@ def test_mean_and_covariance_match_a_monte_carlo_chain_of_the_nested_expectation
     unit = _unit(dim=4, heads=1, noise=0.3)
     x = _x(B=1, N=4, C=4)
     refs, q, k, v, xo = _refs(unit, x)
-    dist = unit.gp.predictive(unit.gp.terms(q, k, xo), v)
+    dist = unit.gp.posterior(unit.gp.prepare(q, k, v, xo), v)
     nu, cov = dist.mean[0, 0].detach(), dist.covariance_matrix[0, 0].detach()
     gen = torch.Generator().manual_seed(0)
     draws = refs[(0, 0)].chain(v[0, 0], S, gen)                      # [S, n, D]
@@ -132,7 +132,7 @@ def test_symmetric_limit_is_symmetric_kernel_attention():
         unit.latent.weight.copy_(W)
     x = 3 * _x(B=2, N=5, C=4)  # well separated tokens: K_o well conditioned
     q, k, v, xo = unit.project(x)
-    t = unit.gp.terms(q, k, xo)
+    t = unit.gp.prepare(q, k, v, xo)
     A = unit.attention_matrix(x)
     K = se(q[0, 0], q[0, 0])
     assert torch.linalg.eigvalsh(K).min() > 1e-3
@@ -183,7 +183,7 @@ def test_jensen_closed_form_matches_the_papers_monte_carlo_estimator():
     unit = _unit(dim=4, heads=2, noise=0.3)
     x = _x(B=1, N=4, C=4)
     refs, q, k, v, xo = _refs(unit, x)
-    t = unit.gp.terms(q, k, xo)
+    t = unit.gp.prepare(q, k, v, xo)
     nu = unit.gp.mean(t, v)
     closed = unit.gp.lower_bound(t, nu, v, "jensen").detach()
     gen = torch.Generator().manual_seed(0)
@@ -201,7 +201,7 @@ def test_marginal_is_the_exact_log_marginal_and_bounds_jensen():
     unit = _unit(noise=0.2)
     x = _x()
     refs, q, k, v, xo = _refs(unit, x)
-    t = unit.gp.terms(q, k, xo)
+    t = unit.gp.prepare(q, k, v, xo)
     nu = unit.gp.mean(t, v)
     marg = unit.gp.lower_bound(t, nu, v, "marginal").detach()
     jen = unit.gp.lower_bound(t, nu, v, "jensen").detach()
@@ -218,7 +218,7 @@ def test_observation_noise_regulariser_matches_references_and_is_bounded():
     x = _x(B=1, N=4, C=4)
     refs, q, k, v, xo = _refs(unit, x)
     s2 = unit.gp.noise**2
-    t = unit.gp.terms(q, k, xo)
+    t = unit.gp.prepare(q, k, v, xo)
     nu = unit.gp.mean(t, v)
     marg = unit.gp.lower_bound(t, nu, v, "marginal", observation_noise=True).detach()
     ref = sum(refs[(0, h)].marginal(nu[0, h].detach(), v[0, h], obs_var=s2) for h in range(2))
@@ -242,7 +242,7 @@ def test_observation_noise_regulariser_matches_references_and_is_bounded():
             raw = small.gp.raw_scale_q_constraint.inverse_transform(torch.tensor(c, dtype=DT))
             small.gp.raw_scale_q.fill_(raw)
             small.gp.raw_scale_k.fill_(raw)
-        t = small.gp.terms(q, k, xo)
+        t = small.gp.prepare(q, k, v, xo)
         nu = small.gp.mean(t, v)
         paper.append(small.gp.lower_bound(t, nu, v, "jensen").item())
         noisy.append(small.gp.lower_bound(t, nu, v, "jensen", observation_noise=True).item())

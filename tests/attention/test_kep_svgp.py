@@ -11,7 +11,7 @@ from gpattn_ppl.distributions import SharedScaleMVN
 from gpattn_ppl.ppl import SiteContext, site_context
 from gpattn_ppl.settings import posterior_mean
 from gpattn_ppl.testing import AttentionUnitTestCase
-from tests.reference.kep_svgp import kep_add_forward_reference
+from tests.reference.kep_svgp import branch_posterior, kep_add_forward_reference
 
 
 class TestKEPSVGPAttention(AttentionUnitTestCase):
@@ -79,7 +79,11 @@ def test_sample_matches_naive_reference_with_the_drawn_u(u_draws):
     torch.manual_seed(3)
     out = unit(x, mask)
     torch.manual_seed(3)
-    u = unit.draw_u(x.shape[0])                               # the same draw (same RNG stream)
+    drawn = []
+    real_sample = unit.sample
+    unit.sample = lambda *a, **k: drawn.append(real_sample(*a, **k)) or drawn[-1]
+    unit(x, mask)                                             # the same draw (same RNG stream)
+    u = drawn[0]
     assert u.shape == ((3, 2, 3, 3) if u_draws == "sequence" else (2, 3, 3))
     torch.testing.assert_close(out[mask], _reference(unit, x, mask, u)[mask])
 
@@ -107,7 +111,7 @@ def test_output_mean_and_covariance_of_20000_draws():
         out = unit(x.expand(T, -1, -1)).reshape(T, -1)                     # [T, N*C]
     with torch.no_grad():
         E, R = unit.features(x)
-        dist = unit.strategy.posterior(E + R)                     # batch [1, H, s], event N
+        dist = branch_posterior(unit.strategy, E + R)                     # batch [1, H, s], event N
     Sigma_F = dist[0].lazy_covariance_matrix.to_dense()                     # [H, s, N, N]
     H, D, C = 2, 4, 8
     W_O = unit.out.weight.detach().view(C, H, D)                            # [C, H, D]
@@ -128,7 +132,7 @@ def test_posterior_of_F_is_symmetric_rank_s_and_shaped():
     unit = _unit()
     x, mask = _inputs()
     E, R = unit.features(x, mask)
-    d = unit.strategy.posterior(E + R)
+    d = branch_posterior(unit.strategy, E + R)
     assert d.batch_shape == (3, 2, 3) and d.event_shape == (6,)
     assert d.lazy_covariance_matrix.root.shape[-1] == 3
     cov = d.lazy_covariance_matrix.to_dense()
@@ -157,25 +161,26 @@ def test_predictive_is_the_exact_push_forward_of_q_u(merge, monkeypatch):
     cov_op = pred.mvn.lazy_covariance_matrix
     assert isinstance(cov_op, LinearOperator) and not isinstance(cov_op, DenseLinearOperator)
     assert pred.mvn.batch_shape == (B, H, D) and pred.mvn.event_shape == (N,)
+    real = mask[:, None, :, None].double()                                 # pads: exactly 0
     with posterior_mean():
         mean_out = unit(x, mask).view(B, N, H, D).transpose(1, 2)
-    torch.testing.assert_close(pred.mean, mean_out, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(pred.mean, mean_out * real, rtol=1e-10, atol=1e-12)
 
     def heads(u):
-        monkeypatch.setattr(unit, "draw_u", lambda batch: u)
+        monkeypatch.setattr(unit, "sample", lambda *a, **k: u)
         return unit(x, mask).view(B, N, H, D).transpose(1, 2)              # [B, H, N, D]
 
     m = unit.strategy.variational_mean.detach()
     L = unit.strategy.q_u.chol_variational_covar.detach().tril()
-    torch.testing.assert_close(pred.mean, heads(m), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(pred.mean, heads(m) * real, rtol=1e-10, atol=1e-12)
     J = torch.autograd.functional.jacobian(heads, m)                        # [B, H, N, D, H, s, s]
+    J = J * real[..., None, None, None]                                     # pad rows: 0
     S = L @ L.mT                                                            # [H, s(d), s, s]
     cov = torch.einsum("bhnjgdi,gdik,bhmjgdk->bhjnm", J, S, J)
     torch.testing.assert_close(pred.mvn.covariance_matrix, cov, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(pred.variance, cov.diagonal(dim1=-2, dim2=-1).mT,
                                rtol=1e-9, atol=1e-12)
-    if merge != "concat":                                                   # token-wise merges
-        assert (pred.variance[0, :, 4:] == 0).all() and (pred.variance[0, :, :4] > 0).all()
+    assert (pred.variance[0, :, 4:] == 0).all() and (pred.variance[0, :, :4] > 0).all()
     assert cov.abs().max() > 1e-2
 
 

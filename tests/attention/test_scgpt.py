@@ -66,7 +66,7 @@ def test_mean_is_eq33_evaluated_right_to_left():
         unit.gp.raw_scale_k.normal_()
     x = _x()
     refs, q, k, v, xo = _refs(unit, x)
-    nu = unit.gp.mean(unit.gp.terms(q, k, xo), v)
+    nu = unit.gp.mean(unit.gp.prepare(q, k, v, xo), v)
     for (b, h), r in refs.items():
         torch.testing.assert_close(nu[b, h], r.mean(v[b, h]), rtol=1e-8, atol=1e-10)
     with posterior_mean():
@@ -86,7 +86,7 @@ def test_full_inducing_sets_recover_the_cgpt_operator():
     sc.load_state_dict(cg.state_dict(), strict=False)
     x = 2 * _x(B=1, N=N, C=C)
     q, k, v, xo = (t.detach() for t in sc.project(x))
-    t_cg = cg.gp.terms(q, k, xo)
+    t_cg = cg.gp.prepare(q, k, v, xo)
     target = conditional_mean(t_cg, v)
     errors = []
     for eps in (0.0, 1e-2, 1e-1):
@@ -94,7 +94,7 @@ def test_full_inducing_sets_recover_the_cgpt_operator():
             g = torch.Generator().manual_seed(1)
             sc.gp.inducing_m.copy_(xo[0] + eps * torch.randn(xo[0].shape, generator=g, dtype=DT))
             sc.gp.inducing_l.copy_(k[0] + eps * torch.randn(k[0].shape, generator=g, dtype=DT))
-        errors.append((sc.gp.mean(sc.gp.terms(q, k, xo), v) - target).abs().max().item())
+        errors.append((sc.gp.mean(sc.gp.prepare(q, k, v, xo), v) - target).abs().max().item())
     assert errors[0] < 1e-10, errors
     assert errors[0] < errors[1] < errors[2], errors
 
@@ -105,14 +105,14 @@ def test_covariance_equals_app_d_second_moment_route_and_ignores_values():
     unit = _unit(num_inducing=3, num_inducing_keys=4, noise=0.3)
     x = _x()
     refs, q, k, v, xo = _refs(unit, x)
-    t = unit.gp.terms(q, k, xo)
-    dist = unit.gp.predictive(t, v)
+    t = unit.gp.prepare(q, k, v, xo)
+    dist = unit.gp.posterior(t, v)
     cov = dist.covariance_matrix
     for (b, h), r in refs.items():
         for a in range(v.shape[-1]):
             torch.testing.assert_close(cov[b, h], r.cov_second_moment(v[b, h], a),
                                        rtol=1e-7, atol=1e-9)
-    other = unit.gp.predictive(t, 5 * torch.randn_like(v)).covariance_matrix
+    other = unit.gp.posterior(t, 5 * torch.randn_like(v)).covariance_matrix
     torch.testing.assert_close(other, cov)
     torch.testing.assert_close(dist.variance[..., 0], cov.diagonal(dim1=-2, dim2=-1))
     assert dist.cov_root.shape[-1] == 3  # rank m: never an N x N factor
@@ -124,7 +124,7 @@ def test_mean_and_covariance_match_the_dtc_monte_carlo_chain():
     unit = _unit(dim=4, heads=1, num_inducing=3, num_inducing_keys=2, noise=0.4)
     x = _x(B=1, N=4, C=4)
     refs, q, k, v, xo = _refs(unit, x)
-    dist = unit.gp.predictive(unit.gp.terms(q, k, xo), v)
+    dist = unit.gp.posterior(unit.gp.prepare(q, k, v, xo), v)
     nu, cov = dist.mean[0, 0].detach(), dist.covariance_matrix[0, 0].detach()
     draws = refs[(0, 0)].chain(v[0, 0], S, torch.Generator().manual_seed(0))
     _five_sigma(draws, nu, "DTC chain mean")
@@ -146,7 +146,7 @@ def test_loss_closed_form_matches_monte_carlo_over_z_o_and_z_m():
     unit = _unit(dim=4, heads=2, num_inducing=3, num_inducing_keys=2, noise=0.5)
     x = _x(B=1, N=4, C=4)
     refs, q, k, v, xo = _refs(unit, x)
-    t = unit.gp.terms(q, k, xo)
+    t = unit.gp.prepare(q, k, v, xo)
     nu = unit.gp.mean(t, v)
     closed = unit.gp.lower_bound(t, nu, v).detach()
     gen = torch.Generator().manual_seed(0)
@@ -161,10 +161,10 @@ def test_nystrom_is_exact_when_the_key_set_is_the_latent_inputs():
     q, k, v, xo = unit.project(x[:1])
     with torch.no_grad():
         unit.gp.inducing_l.copy_(xo[0].detach())
-    t = unit.gp.terms(q, k, xo)
+    t = unit.gp.prepare(q, k, v, xo)
     exact = unit.gp.lower_bound(t, unit.gp.mean(t, v), v)
     unit.gp.k_o = "nystrom"
-    t = unit.gp.terms(q, k, xo)
+    t = unit.gp.prepare(q, k, v, xo)
     ny = unit.gp.lower_bound(t, unit.gp.mean(t, v), v)
     torch.testing.assert_close(ny, exact, rtol=1e-8, atol=1e-7)
 

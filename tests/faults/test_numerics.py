@@ -205,7 +205,7 @@ def test_every_registered_unit_names_its_module_path_and_matrix(monkeypatch):
         unit(x, mask)
         if kind == "scgpt":
             q, k, v, x_o = unit.project(x)
-            pred = unit.gp.predictive(unit.gp.terms(q, k, x_o, mask, where=unit._where()), v)
+            pred = unit.gp.posterior(unit.gp.prepare(q, k, v, x_o, mask=mask, where=unit._where()), v)
             pred.log_prob(pred.mean)
             assert seen[-1] == "blocks.0.attn capacitance"
         if seen:

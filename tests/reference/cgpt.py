@@ -162,7 +162,7 @@ class SCGPReference:
 
 def conditional_mean(t, z_k):
     r""":math:`\mathbb E[z_q\mid z_k] = K_{qo}P_oK_{ok}P_kz_k` (CGPT eq. 22) for arbitrary key
-    observations ``z_k [B, H, N, D]``, from a :class:`~gpattn_ppl.gp.CGPTerms`; the library's
+    observations ``z_k [B, H, N, D]``, from a :class:`~gpattn_ppl.gp.CGPTState`; the library's
     ``CorrelatedGP.mean`` is the case :math:`z_k = (K_k + \sigma^2 I)V`."""
     from gpattn_ppl import linalg
 

@@ -109,3 +109,19 @@ def set_exact_ksvd(features, phi_q, phi_k):
         features.W_r.copy_(svd["W_r"])
     features.lambda_ = svd["lam"]
     return svd
+
+
+def branch_posterior(strat, P):
+    r"""The marginal of one KEP-SVGP branch under q(u), :math:`q(f_d) = \mathcal N(P\Lambda^{-1}m_d,
+    P\Lambda^{-1}S_d\Lambda^{-1}P^\top)` (KEP eq. 16, symmetric form): batch ``[B, H, s]``, event
+    ``N``, a rank-s lazy root :math:`(P\Lambda^{-1})L_d`. (The head's predictive is the push-forward
+    through the unit's output map; this is the per-branch form the derivation checks.)"""
+    from gpytorch.distributions import MultivariateNormal
+    from linear_operator.operators import LowRankRootLinearOperator, MatmulLinearOperator
+
+    m, L, lam = strat.q_params(P.dtype)
+    Pt = P * lam.reciprocal()[:, None, :]
+    mean = torch.einsum("bhni,hdi->bhdn", Pt, m)
+    B, H, N, s = Pt.shape
+    root = MatmulLinearOperator(Pt.unsqueeze(-3).expand(B, H, s, N, s), L.expand(B, H, s, s, s))
+    return MultivariateNormal(mean, LowRankRootLinearOperator(root))
