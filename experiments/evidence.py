@@ -36,6 +36,7 @@ from gpattn_ppl.run.compare import (
     format_markdown,
     run_compare,
     summarise,
+    with_posthoc_rows,
     write_table,
 )
 from gpattn_ppl.run.config import load_config
@@ -296,17 +297,6 @@ def cost_table(runs: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def _rows_with_posthoc(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """Each method's runs, and its ``+ TS`` / ``+ LLA`` rows where every run has them."""
-    out = {}
-    for method, results in runs.items():
-        out[method] = results
-        for key, name in (("ts", "TS"), ("laplace", "LLA")):
-            if results and all(key in r for r in results):
-                out[f"{method} + {name}"] = [{**r, **r[key]} for r in results]
-    return out
-
-
 def _paired_values(r: dict, metric: str, ood_set: str | None) -> dict[str, float | None]:
     test = r.get("test") or {}
     vals = {m: test.get(m) for m in (metric, "nll", "ece", "brier")}
@@ -326,7 +316,7 @@ def paired_baselines_table(runs: dict[str, list[dict]], baselines: list[str], me
     of seeds on which the method is better. Lower is better for NLL, ECE and Brier."""
     from scipy.stats import ttest_rel
 
-    rows = _rows_with_posthoc(runs)
+    rows = with_posthoc_rows(runs)
     names = [metric, "nll", "ece", "brier"] + (["OOD AUROC (MSP)"] if ood_set else [])
     higher = {metric: True, "OOD AUROC (MSP)": True}
     lines = ["Paired differences method − baseline, mean over seeds [paired t-test p, seeds "

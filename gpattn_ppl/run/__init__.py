@@ -50,7 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "compare": ("BEST_DETECTOR", "COMPARE_MANIFEST", "ComparePlan", "PlannedRun",
                 "TABLE_COLUMNS", "block_ensembles", "ensemble_results", "execute_plan",
                 "format_markdown", "plan_compare", "run_compare", "significantly_better",
-                "summarise", "write_table"),
+                "summarise", "with_posthoc_rows", "write_table"),
     "config": ("Config", "ConfigError", "SCHEMA", "apply_overrides", "check_extras",
                "load_config", "requires_extras", "validate_config"),
     "demo": ("DEMO_PRESETS", "demo_encoder", "demo_methods", "run_demo", "verdict"),

@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["TABLE_COLUMNS", "BEST_DETECTOR", "COMPARE_MANIFEST", "significantly_better",
            "run_compare", "plan_compare", "execute_plan", "ComparePlan", "PlannedRun",
-           "summarise", "format_markdown", "write_table", "ensemble_results", "block_ensembles"]
+           "summarise", "with_posthoc_rows", "format_markdown", "write_table", "ensemble_results", "block_ensembles"]
 
 #: title of the computed column: the OOD AUROC of the detector with the best mean over a
 #: method's runs (first OOD set), named in the cell
@@ -60,6 +60,18 @@ def _get(results: dict, path: tuple):
     return node if isinstance(node, (int, float)) and not isinstance(node, bool) else None
 
 
+def with_posthoc_rows(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Each method's runs, followed by ``"<method> + TS"`` and ``"<method> + LLA"`` where every
+    run has ``"ts"`` / ``"laplace"`` results (each run's dict with those results laid over it)."""
+    out: dict[str, list[dict]] = {}
+    for method, results in runs.items():
+        out[method] = results
+        for key, name in (("ts", "TS"), ("laplace", "LLA")):
+            if results and all(key in r for r in results):
+                out[f"{method} + {name}"] = [{**r, **r[key]} for r in results]
+    return out
+
+
 def summarise(runs: dict[str, list[dict]]) -> list[dict]:
     """Per method: mean and sample std (ddof 1) of every table column over its runs.
 
@@ -73,15 +85,8 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
     (for significance tests) and ``"best detector"`` names the detector of
     :data:`BEST_DETECTOR`.
     """
-    with_ts: dict[str, list[dict]] = {}
-    for method, results in runs.items():
-        with_ts[method] = results
-        if results and all("ts" in r for r in results):
-            with_ts[f"{method} + TS"] = [{**r, **r["ts"]} for r in results]
-        if results and all("laplace" in r for r in results):
-            with_ts[f"{method} + LLA"] = [{**r, **r["laplace"]} for r in results]
     rows = []
-    for method, results in with_ts.items():
+    for method, results in with_posthoc_rows(runs).items():
         row = {"method": method, "runs": len(results)}
         row["values"] = {}
         for title, path, _ in TABLE_COLUMNS:
