@@ -8,6 +8,8 @@
   :func:`program_pass`);
 * :mod:`~gpattn_ppl.infer.precision` -- ``fp32`` / ``bf16`` / ``fp16`` autocast and the fp16
   gradient scaler;
+* :mod:`~gpattn_ppl.infer.variance_budget` -- :func:`variance_budget`, where a stochastic
+  network's predictive spread goes, from each unit's latent to the class probabilities;
 * :mod:`~gpattn_ppl.infer.checkpoint` -- atomic checkpoints, RNG states, warm starts.
 """
 
@@ -36,9 +38,10 @@ from .fit import (
 from .precision import PRECISIONS, autocast, grad_scaler
 from .predictive import predict, program_pass
 from .program import PyroProgram
+from .variance_budget import q_at_prior, set_q_to_prior, stochastic_units, variance_budget
 
 __all__ = ["CheckpointError", "LOSS_RANGE", "PRECISIONS", "PyroProgram", "TERM_HINTS", "TERM_RATIO",
            "UnsafeCheckpointError", "WARM_START_MIN_SHARE", "atomic_write", "autocast", "epoch_clock", "fit_epoch", "grad_scaler", "init_from",
            "load_checkpoint", "load_predictions", "load_pt", "lr_lambda",
-           "objective_checks", "predict", "program_pass", "rng_state", "save_atomic",
-           "set_rng_state"]
+           "objective_checks", "predict", "program_pass", "q_at_prior", "rng_state",
+           "save_atomic", "set_q_to_prior", "set_rng_state", "stochastic_units", "variance_budget"]

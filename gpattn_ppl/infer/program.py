@@ -54,6 +54,14 @@ class PyroProgram:
             raise ValueError(f"mode must be 'thin' or 'sites', got {mode!r}")
         if num_data < 1:
             raise ValueError(f"num_data must be >= 1, got {num_data}")
+        missing = [a for a in ("objective_terms", "stochastic")
+                   if not hasattr(net, a)]
+        if missing:
+            raise TypeError(
+                f"PyroProgram: {type(net).__name__} lacks {', '.join(missing)}: a network "
+                "trained as a Pyro program must mix in gpattn_ppl.models.AttentionHost "
+                f"(class {type(net).__name__}(AttentionHost): ...; docs/architecture.rst, "
+                "'Your own network'), which finds its attention units wherever they sit")
         self.net, self.num_data, self.mode = net, int(num_data), mode
         #: what the forward pass calls: the network, or its DistributedDataParallel wrapper
         self.forward_module: nn.Module = net

@@ -269,6 +269,10 @@ SCHEMA: dict[str, Any] = {
         "progress": Option(bool, True), "device": Option(str, "auto", check=_check_device),
         # TensorBoard event files in RUN_DIR/tensorboard (the 'tensorboard' extra)
         "tensorboard": Option(bool, False),
+        # at each validated epoch, the variance budget of the network on the first 256
+        # validation examples (16 passes; gpattn_ppl/infer/variance_budget.py) into the history
+        # as budget/... entries: where the units' uncertainty goes over training
+        "track_uncertainty": Option(bool, False),
         # autocast precision of training and of the run's evaluation passes (fp16 adds a
         # gradient scaler); the GP algebra stays in settings.gp_dtype (gpattn_ppl/infer/precision.py)
         "precision": Option(str, "fp32", ("fp32", "bf16", "fp16")),

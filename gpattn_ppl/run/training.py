@@ -39,6 +39,7 @@ from ..infer import (
     rng_state,
     save_atomic,
     set_rng_state,
+    variance_budget,
 )
 from ..metrics import HIGHER_IS_BETTER, classification_report
 from ..ppl import SiteContext, site_context
@@ -423,8 +424,21 @@ class Trainer:
             pred = predict(self.program, self.val_set, num_samples=T,
                            batch_size=self.cfg["data"]["eval_batch_size"], device=self.device,
                            precision=self.cfg["train"]["precision"])
-        return classification_report(pred["probs"], pred["labels"], logits=pred["logits"],
-                                     metrics=list(VALIDATION_METRICS))
+        report = classification_report(pred["probs"], pred["labels"], logits=pred["logits"],
+                                       metrics=list(VALIDATION_METRICS))
+        if self.cfg["train"]["track_uncertainty"]:
+            report.update(self._budget_entries())
+        return report
+
+    def _budget_entries(self) -> dict:
+        """The variance budget on the first 256 validation examples, flattened to
+        ``budget/<path>/<key>`` and ``budget/<key>`` history entries (the RNG restored)."""
+        b = variance_budget(self.program, self.val_set, num_samples=16, limit=256,
+                            device=self.device, seed=self.cfg["train"]["seed"])
+        out = {f"budget/{k}": b[k] for k in ("features_rel_var", "logit_std", "mutual_info")}
+        for path, row in b["units"].items():
+            out.update({f"budget/{path}/{k}": v for k, v in row.items() if k != "kind"})
+        return out
 
     def fit(self) -> dict:
         """Train (resuming if possible), keep the best validation checkpoint, then evaluate it;

@@ -1,7 +1,6 @@
 """The public GP-head mixin over every GP head: the four units' heads in their variants, and every
 registered GP unit with its defaults (a GP unit cannot be registered without these checks)."""
 
-import torch
 
 from gpattn_ppl.attention import (
     ATTENTION,
@@ -12,23 +11,8 @@ from gpattn_ppl.attention import (
     build_attention,
 )
 from gpattn_ppl.attention.gp_unit import GPAttentionUnit
+from gpattn_ppl.infer import set_q_to_prior
 from gpattn_ppl.testing import GPHeadTestCase
-
-
-def _sgpa_prior(unit) -> None:
-    """q(u) = p(u): zero values (m_w = 0, no γ part), R = I, decoupled a_β = 0."""
-    unit.proj.weight[unit.dim:].zero_()
-    unit.strategy.raw_chol.zero_()
-    if unit.variant == "decoupled":
-        unit.strategy.inducing_weights.zero_()
-
-
-def _kep_prior(unit) -> None:
-    """q(u_d) = N(0, Λ²)."""
-    q_u, lam = unit.strategy.q_u, unit.features.lambda_
-    H, s = lam.shape
-    q_u.variational_mean.zero_()
-    q_u.chol_variational_covar.copy_(torch.diag_embed(lam)[:, None].expand(H, s, s, s))
 
 
 class TestSGPAStandardHead(GPHeadTestCase):
@@ -38,7 +22,7 @@ class TestSGPAStandardHead(GPHeadTestCase):
         return SGPAttention(dim, heads, variant="standard", max_len=8)
 
     def set_q_to_prior(self, unit):
-        _sgpa_prior(unit)
+        set_q_to_prior(unit)
 
 
 class TestSGPADecoupledHead(GPHeadTestCase):
@@ -48,7 +32,7 @@ class TestSGPADecoupledHead(GPHeadTestCase):
         return SGPAttention(dim, heads, variant="decoupled", num_inducing=3)
 
     def set_q_to_prior(self, unit):
-        _sgpa_prior(unit)
+        set_q_to_prior(unit)
 
 
 class TestSGPADecoupledDiagHead(TestSGPADecoupledHead):
@@ -65,7 +49,7 @@ class TestKEPSVGPAddHead(GPHeadTestCase):
         return KEPSVGPAttention(dim, heads, rank=3)
 
     def set_q_to_prior(self, unit):
-        _kep_prior(unit)
+        set_q_to_prior(unit)
 
 
 class TestKEPSVGPConcatFeaturesHead(TestKEPSVGPAddHead):
@@ -118,9 +102,9 @@ class TestSCGPTNystromHead(GPHeadTestCase):
 #: digits in float32, as in tests/attention/test_registry.py)
 REGISTERED = {
     "sgpa": {"factorisations": {"sample": 2, "mean": 1, "predictive": 1},
-             "set_q_to_prior": lambda self, unit: _sgpa_prior(unit)},
+             "set_q_to_prior": lambda self, unit: set_q_to_prior(unit)},
     "kep_svgp": {"factorisations": {"sample": 0, "mean": 0, "predictive": 0},
-                 "set_q_to_prior": lambda self, unit: _kep_prior(unit)},
+                 "set_q_to_prior": lambda self, unit: set_q_to_prior(unit)},
     "cgpt": {"factorisations": {"sample": 5, "mean": 1, "predictive": 3}},
     "scgpt": {"factorisations": {"sample": 3, "mean": 1, "predictive": 2},
               "float32_atol": 5e-2},

@@ -394,3 +394,31 @@ def test_a_step_whose_factorisation_failed_on_the_fast_path_is_rerun_checked(mon
     assert out["checked_reruns"] == 1 and len(losses) == 3
     assert all(c > 0 for c in calls)          # every fast path deferred its factorisations
     assert any(checked) and not all(checked)  # and only the re-run checked them
+
+
+def _dominated():
+    """A network whose SGPA KL, at weight 1e3, outweighs the cross-entropy ~100 times (the
+    loss itself stays in range)."""
+    torch.manual_seed(0)
+    net = build_model({"dim": 8, "heads": 2, "depth": 1, "mlp_dim": 8,
+                       "attention": {"kind": "sgpa", "num_inducing": 3}},
+                      num_classes=3, vocab_size=20)
+    program = PyroProgram(net, num_data=12, objective={"kl_weight": 1e3})
+    return program, torch.optim.Adam(net.parameters(), lr=1e-4)
+
+
+def test_fit_epoch_warns_by_default_when_a_term_dominates_naming_the_option():
+    program, opt = _dominated()
+    with pytest.warns(NumericsWarning, match=r"fit_epoch \(epoch 0\.0\): objective term "
+                                             r"blocks\.0\.attn\.kl.*kl_weight"):
+        fit_epoch(program, opt, _batches())
+
+
+def test_fit_epoch_checks_into_a_dict_or_off_do_not_warn():
+    program, opt = _dominated()
+    found = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NumericsWarning)
+        fit_epoch(program, opt, _batches(), checks=found)
+        assert "kl:ratio" in found and "kl_weight" in found["kl:ratio"]
+        fit_epoch(program, opt, _batches(), checks=False)

@@ -1,3 +1,5 @@
+import math
+
 import pyro
 import pyro.poutine as poutine
 import pytest
@@ -5,10 +7,11 @@ import torch
 import torch.nn.functional as F
 from pyro.infer import SVI, TraceMeanField_ELBO
 
-from gpattn_ppl.attention import AttentionUnit, register_attention
+from gpattn_ppl.attention import AttentionUnit, build_attention, register_attention
 from gpattn_ppl.attention.registry import ATTENTION
+from gpattn_ppl.infer import fit_epoch
 from gpattn_ppl.infer.program import PyroProgram
-from gpattn_ppl.models import build_model
+from gpattn_ppl.models import AttentionHost, build_model
 from gpattn_ppl.ppl import build_schedule
 
 
@@ -220,3 +223,39 @@ def test_default_recipe_warms_up_the_kl_and_ramps_the_cgp_weight():
     paper = PyroProgram(_model(), 10, objective={"kl_weight": 1.0, "cgp_alpha": 1.0},
                         total_epochs=10)
     assert paper.weight("blocks.0.attn.kl") == paper.weight("blocks.0.attn.cgp_loss") == 1.0
+
+
+class _OwnNet(AttentionHost):
+    """The network of docs/architecture.rst, 'Your own network'."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+        self.attn = build_attention("kep_svgp", dim=8, heads=2, rank=3)
+        self.out = torch.nn.Linear(8, 3)
+
+    def forward(self, x, mask=None):
+        h = self.embed(x)
+        h = h + self.attn(h, mask)
+        return self.out(h.mean(1))
+
+
+def test_an_own_network_with_the_host_mixin_trains_with_its_terms():
+    from tests.infer.test_fit import _batches
+
+    torch.manual_seed(0)
+    net = _OwnNet()
+    program = PyroProgram(net, num_data=12)
+    out = fit_epoch(program, torch.optim.Adam(net.parameters(), lr=1e-3), _batches())
+    assert net.stochastic and math.isfinite(out["loss"])
+    assert set(out) >= {"term/attn.kl", "term/attn.ksvd_loss"}
+
+
+def test_a_network_without_the_host_mixin_is_refused_naming_the_contract():
+    class Plain(torch.nn.Module):
+        def forward(self, x, mask=None):
+            return x
+
+    with pytest.raises(TypeError, match=r"Plain lacks objective_terms, stochastic: .*mix in "
+                                        r"gpattn_ppl\.models\.AttentionHost"):
+        PyroProgram(Plain(), num_data=3)

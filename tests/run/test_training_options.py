@@ -246,3 +246,23 @@ def test_threads_option_sets_torch_threads_anywhere_on_the_line(capsys):
     finally:
         torch.set_num_threads(before)
     assert "argument --threads: must be a positive integer, got 0" in capsys.readouterr().err
+
+
+# -- the variance budget over training -------------------------------------------------------------
+def test_track_uncertainty_adds_the_budget_and_changes_nothing_else(tiny_config, tmp_path):
+    """Every validated epoch gets ``val/budget/...`` entries of the unit and the network; the
+    run's draws are untouched (the same test and OOD results as without the budget)."""
+    tiny_config["model"]["attention"] = {"kind": "sgpa", "num_inducing": 3}
+    a = Trainer(tiny_config, tmp_path / "a").fit()
+    tiny_config["train"]["track_uncertainty"] = True
+    b = Trainer(tiny_config, tmp_path / "b").fit()
+    assert a["test"] == b["test"] and a["ood"] == b["ood"]
+    history = json.loads((tmp_path / "b" / "history.json").read_text())
+    for row in history:
+        keys = {k for k in row if k.startswith("val/budget/")}
+        assert keys == {f"val/budget/{k}" for k in (
+            "features_rel_var", "logit_std", "mutual_info", "blocks.0.attn/output_rel_var",
+            "blocks.0.attn/block_rel_var", "blocks.0.attn/head_snr",
+            "blocks.0.attn/head_var_ratio")}, keys
+        assert 0 < row["val/budget/blocks.0.attn/head_var_ratio"] and row[
+            "val/budget/mutual_info"] >= 0
