@@ -13,7 +13,17 @@ to our softmax layer of the same run at N = 64 and N = 256, B = 32, C = 128, H =
   memory at an N gets ``null`` there;
 * ``memory``: :func:`~gpattn_ppl.run.benchmarking.peak_memory` of one train step at batch
   ``--B`` for each N of ``--ratio-ns`` (tensor bytes on CPU, the caching allocator's peak on
-  CUDA), its largest tensor, and the ratio to softmax's peak.
+  CUDA), its largest tensor, and the ratio to softmax's peak;
+* ``masks``: for each N of ``--mask-ns`` (batch ``--mask-B``, default ``B * 64 // N``) every
+  unit, softmax included, is timed with the mask of ``--mask`` and with ``mask=None`` on the
+  same input, all in interleaved rounds in one process: the per-round ratio masked / mask-free
+  of each unit, and each unit's ratio to softmax with and without the mask (median over rounds,
+  with the spread).
+
+``--mask`` chooses the mask of the memory and masks sections: ``full`` (all-true, the default),
+``none`` (``mask=None``; the masks section then compares ``full``) or ``pad`` (the last eighth
+of every second sequence padded: real padding, the same shapes). The ratio and scaling tables
+always use the all-true mask.
 
 A step is ``unit(x, mask)`` -> ``mean(out^2) + sum(objective terms)`` -> ``backward``. On CUDA
 (``--device auto`` picks it when available) the defaults become B = 64 and N in {256, 1024}.
@@ -24,6 +34,7 @@ compact table. Nothing here is asserted by tests.
     python benchmarks/bench_units.py --units softmax cgpt     # a subset
     python benchmarks/bench_units.py --sections ratios        # only the ratio table
     python benchmarks/bench_units.py --smoke                  # tiny sizes, JSON to a temp file
+    python benchmarks/bench_units.py --sections masks --threads 1 --rounds 9  # masked vs free
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -47,6 +59,7 @@ from gpattn_ppl.run.benchmarking import (
     round_summary,
     spec_step_time,
     time_against_softmax,
+    time_fn,
     train_step,
     write_json,
 )
@@ -81,6 +94,17 @@ TARGETS: dict[str, dict[str, tuple[str, float]]] = {
     "kep_concat": {"ratio": ("<=", 1.1), "slope": ("<=", 1.15)},
     "kep_add": {"ratio": ("<=", 1.05), "slope": ("<=", 1.15)},
 }
+
+
+def make_mask(kind: str, B: int, N: int, device: torch.device) -> torch.Tensor | None:
+    """The ``[B, N]`` mask of ``--mask``: ``full`` all true, ``none`` ``None``, ``pad`` the last
+    ``max(1, N // 8)`` tokens of every second sequence padded."""
+    if kind == "none":
+        return None
+    mask = torch.ones(B, N, dtype=torch.bool, device=device)
+    if kind == "pad":
+        mask[1::2, N - max(1, N // 8):] = False
+    return mask
 
 
 def spec_at(spec: dict, n: int) -> dict:
@@ -191,14 +215,14 @@ def memory_section(a, units: list[str], device: torch.device) -> dict:
             try:
                 torch.manual_seed(0)
                 unit = build_unit(spec_at(UNITS[u], n), a.C, a.H, device=device)
-                x, mask = layer_inputs(a.B, n, a.C, device=device)
-                step = train_step(unit, x, mask)
+                x, _ = layer_inputs(a.B, n, a.C, device=device)
+                step = train_step(unit, x, make_mask(a.mask, a.B, n, device))
                 if device.type == "cuda":
                     step()  # lazy allocations (library workspaces) before the measured step
                 r = peak_memory(step, device)
                 rows[u] = {"peak_bytes": r["peak_bytes"], "peak_mib": r["peak_bytes"] / 2**20,
                            "largest_tensor": r["largest_tensor"]}
-                del unit, x, mask, step
+                del unit, x, step
             except RuntimeError as err:
                 if not _is_oom(err):
                     raise
@@ -210,6 +234,67 @@ def memory_section(a, units: list[str], device: torch.device) -> dict:
                 r["ratio_to_softmax"] = r["peak_bytes"] / base if base else None
         out[str(n)] = {"B": a.B, "N": n, "C": a.C, "H": a.H, "units": rows}
     return out
+
+
+def _interleaved(steps: list, rounds: int, repeats: int, warmup: int,
+                 device: torch.device) -> list[list[float]]:
+    """Median seconds of each of ``steps`` per round, the steps timed in turn in every round
+    (the order rotated by one each round, so no step always follows the same one)."""
+    times: list[list[float]] = [[] for _ in steps]
+    for r in range(rounds):
+        order = list(range(len(steps)))
+        order = order[r % len(order):] + order[: r % len(order)]
+        for i in order:
+            times[i].append(time_fn(steps[i], repeats=repeats, warmup=warmup,
+                                    device=device)["median_s"])
+    return times
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def masks_section(a, units: list[str], device: torch.device) -> dict:
+    """Per N of ``--mask-ns``: each unit with the ``--mask`` mask and with ``mask=None`` on the
+    same input, all in interleaved rounds (softmax included); ratios per round."""
+    out = {}
+    for n in a.mask_ns:
+        B = a.mask_B or max(1, a.B * 64 // n)
+        repeats = min(a.repeats, max(3, a.repeats * 64 // n))
+        x, _ = layer_inputs(B, n, a.C, device=device)
+        mask = make_mask(a.mask if a.mask != "none" else "full", B, n, device)
+        names = ["softmax"] + [u for u in units if u != "softmax"]
+        steps, t0 = [], time.perf_counter()
+        for u in names:
+            torch.manual_seed(0)
+            unit = build_unit(spec_at(UNITS[u], n), a.C, a.H, device=device)
+            steps += [train_step(unit, x, mask), train_step(unit, x, None)]
+        times = _interleaved(steps, a.rounds, repeats, 1, device)
+        soft_m, soft_f = times[0], times[1]
+        rows = {}
+        for i, u in enumerate(names):
+            tm, tf = times[2 * i], times[2 * i + 1]
+            rows[u] = {"masked_s": statistics.median(tm), "free_s": statistics.median(tf),
+                       "masked_over_free": _spread([m / f for m, f in zip(tm, tf)]),
+                       "ratio_masked": _spread([m / s for m, s in zip(tm, soft_m)]),
+                       "ratio_free": _spread([f / s for f, s in zip(tf, soft_f)]),
+                       "round_masked_s": tm, "round_free_s": tf}
+        out[str(n)] = {"B": B, "N": n, "C": a.C, "H": a.H, "rounds": a.rounds,
+                       "repeats": repeats, "mask": a.mask if a.mask != "none" else "full",
+                       "wall_s": time.perf_counter() - t0, "units": rows}
+        del steps
+        _free(device)
+    return out
+
+
+def print_masks(res: dict) -> None:
+    for n, table in (res.get("masks") or {}).items():
+        print(f"N = {n}, B = {table['B']}, mask {table['mask']}: ratio to softmax (masked / "
+              "free), masked over mask-free [min, max]")
+        for u, r in table["units"].items():
+            mo = r["masked_over_free"]
+            print(f"  {u:14s} {r['ratio_masked']['median']:7.2f} {r['ratio_free']['median']:7.2f}"
+                  f"   {mo['median']:.3f} [{mo['min']:.3f}, {mo['max']:.3f}]")
 
 
 def _verdict(name: str, res: dict) -> str:
@@ -261,8 +346,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed steps per unit and round at N <= 64 (fewer at longer N)")
     p.add_argument("--scaling-B", type=int, default=4)
     p.add_argument("--scaling-ns", type=int, nargs="+", default=[64, 256, 1024])
-    p.add_argument("--sections", nargs="+", choices=["ratios", "scaling", "memory"],
+    p.add_argument("--sections", nargs="+", choices=["ratios", "scaling", "memory", "masks"],
                    default=["ratios", "scaling", "memory"])
+    p.add_argument("--mask", choices=["full", "none", "pad"], default="full",
+                   help="the mask of the memory and masks sections: all-true (default), None, or "
+                        "real padding (the masks section compares it with None)")
+    p.add_argument("--mask-ns", type=int, nargs="+", default=[64, 1024],
+                   help="N of the masks section")
+    p.add_argument("--mask-B", type=int, default=None,
+                   help="batch of the masks section (default B * 64 // N: B*N tokens fixed)")
     p.add_argument("--units", nargs="+", choices=list(UNITS), default=list(UNITS),
                    metavar="UNIT", help=f"a subset of: {', '.join(UNITS)}")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -289,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = a.device == "cuda"
     if a.smoke:
         a.B, a.ratio_ns, a.C, a.H, a.rounds, a.repeats = 2, [8, 16], 16, 2, 1, 2
-        a.scaling_ns, a.scaling_B = [8, 16, 32], 2
+        a.scaling_ns, a.scaling_B, a.mask_ns = [8, 16, 32], 2, [8, 16]
     a.B = a.B if a.B is not None else (64 if cuda else 32)
     a.ratio_ns = a.ratio_ns if a.ratio_ns is not None else ([256, 1024] if cuda else [64, 256])
     if a.out is None:
@@ -306,8 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     res["ratios"] = ratios_section(a, units, device) if "ratios" in a.sections else None
     res["scaling"] = scaling_section(a, units, device) if "scaling" in a.sections else None
     res["memory"] = memory_section(a, units, device) if "memory" in a.sections else None
+    res["masks"] = masks_section(a, units, device) if "masks" in a.sections else None
+    res["threads"] = torch.get_num_threads()
     path = write_json(res, a.out)
     print_table(res, units)
+    print_masks(res)
     print(f"wrote {path}")
     return 0
 

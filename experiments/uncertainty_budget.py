@@ -39,6 +39,8 @@ import copy
 import json
 from pathlib import Path
 
+from gpattn_ppl.infer import load_predictions
+from gpattn_ppl.metrics import mutual_information
 from gpattn_ppl.run.compare import run_compare
 from gpattn_ppl.run.config import load_config
 
@@ -112,12 +114,14 @@ def row(task: str, name: str, run: Path) -> dict:
     test = res["test"]
     out = {"method": name, TASKS[task]["metric"]: test[TASKS[task]["metric"]],
            "nll": test["nll"], "ece": test["ece"], "test_mi": test["mutual_info"]}
-    for ood in res.get("ood", {}).values():
+    preds = load_predictions(run / "predictions.pt")
+    for name, ood in res.get("ood", {}).items():
         det = ood["detection"]
         out["ood_auroc_msp"] = det["max_softmax"]["auroc"]
         if "mutual_info" in det:
             out["ood_auroc_mi"] = det["mutual_info"]["auroc"]
-        out["ood_mi"] = ood["classification"]["mutual_info"]
+        # mean MI of the OOD inputs (unlabelled sets have no classification report)
+        out["ood_mi"] = float(mutual_information(preds[name]["probs"]).mean())
     b = _last_budget(hist)
     units = sorted({k.rsplit("/", 1)[0] for k in b if k.count("/") == 1})
     for key in ("head_var_ratio", "head_snr", "output_rel_var", "block_rel_var"):

@@ -44,7 +44,7 @@ from .errors import GpattnError, NumericsWarning
 __all__ = ["CholeskyError", "NonFiniteError", "block_mask", "cholesky", "cholesky_factors",
            "cholesky_solve", "deferred_checks", "free_cholesky", "gp_precision", "mask_rows",
            "numerics_stats", "reset_numerics_stats", "scaled_cholesky", "symmetrise",
-           "triangular_solve"]
+           "triangular_solve", "use_blocked_cholesky"]
 
 
 class CholeskyError(GpattnError, RuntimeError):
@@ -204,11 +204,13 @@ def _deferred() -> deferred_checks | None:
 
 
 def cholesky(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
-             jitter: float | None = None) -> torch.Tensor:
+             jitter: float | None = None, _inverse: bool = False) -> torch.Tensor:
     r"""Lower Cholesky factor :math:`L L^\top = A` with per-matrix jitter only where it fails.
 
     Only the lower triangle of ``A`` is read (the upper one need not be formed exactly); the
-    gradient is symmetric, as torch's.
+    gradient is symmetric, as torch's. Large matrices are factorised by recursive 2 x 2 blocks
+    where that is faster (:class:`~gpattn_ppl.settings.blocked_cholesky`,
+    :func:`use_blocked_cholesky`), with the same checks.
 
     :param A: ``[..., n, n]`` symmetric positive (semi-)definite matrices.
     :param where: module path and matrix, named in warnings and errors (``"blocks.1.attn K_kk"``).
@@ -222,31 +224,108 @@ def cholesky(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
     :raises NonFiniteError: ``A`` has NaN or inf entries (named, with the overflow for inf).
     :raises CholeskyError: a matrix still fails after ``max_tries`` escalations (names ``where``,
         the head and its smallest eigenvalue).
+
+    (``_inverse=True``, for :func:`cholesky_factors`: return ``(L, W)`` with ``W = L^{-1}``
+    where the blocked factorisation formed it, else ``None``; every factorisation of the
+    library stays one call of this function.)
     """
+    out = _checked_cholesky(A, where, head_axis, jitter)
+    return out if _inverse else out[0]
+
+
+def _checked_cholesky(A: torch.Tensor, where: str, head_axis: int | None,
+                      jitter: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`cholesky`, returning ``(L, W)``: ``W = L^{-1}`` where the blocked factorisation
+    formed it on the way, else ``None``."""
     dtype = settings.gp_dtype.resolve(A.dtype)
     with gp_precision(A.device.type):
         A = A.to(dtype)
         eps = 0.0 if jitter is None else float(jitter)
         eye = torch.eye(A.shape[-1], dtype=dtype, device=A.device) if eps else None
-        L, info = torch.linalg.cholesky_ex(A + eps * eye if eps else A)
+        L, info, W = _factor(A + eps * eye if eps else A)
         box = _deferred()
         if box is not None:  # checked by the caller, once per step, with its loss
             box.record(info)
-            return L
+            return L, W
         # LAPACK flags a NaN or a non-positive pivot; an inf on A's diagonal leaves an inf on
         # L's, so checking L's diagonal (O(n), not O(n^2)) catches every non-finite lower triangle
         bad = (info > 0) | ~torch.isfinite(L.diagonal(dim1=-2, dim2=-1)).all(-1)
         if not bool(bad.any()):  # the one host synchronisation of a checked call
-            return L
+            return L, W
         return _escalate(A, bad, eps, eye, where, head_axis)
 
 
+# -- the blocked factorisation --------------------------------------------------------------------
+#: largest matrix the blocked factorisation hands to LAPACK whole (its base case)
+BLOCK = 128
+#: ``blocked_cholesky("auto")`` on CPU: blocked from this size up. Measured
+#: (``benchmarks/bench_cholesky.py --threads 1 --rounds 3``,
+#: ``benchmarks/results/item4_cholesky_cpu.json``; factor and inverse against LAPACK + one
+#: triangular solve, base case 128): n <= 256, batch 8-512: 0.2-0.95x (slower) in fp32 and fp64;
+#: n = 512: 0.69-0.86x fp32, 0.88-0.98x fp64; n = 1024, batch 8: 2.0x fp32, 1.44x fp64.
+CPU_BLOCKED_MIN_N = 1024
+
+
+def use_blocked_cholesky(A: torch.Tensor) -> bool:
+    """Whether :func:`cholesky` factorises ``A: [..., n, n]`` by blocks: ``"off"`` never, ``"on"``
+    when ``n > BLOCK``, ``"auto"`` on CPU when ``n >= CPU_BLOCKED_MIN_N`` (measured there), never
+    on other devices (not measured yet: cuSOLVER's batched factorisation stays)."""
+    mode, n = settings.blocked_cholesky.value(), A.shape[-1]
+    if mode == "off" or n <= BLOCK:
+        return False
+    return mode == "on" or (A.device.type == "cpu" and n >= CPU_BLOCKED_MIN_N)
+
+
+def _blocked(A: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""``(L, W = L^{-1}, info)`` of ``A: [..., n, n]`` by recursive 2 x 2 blocks (no autograd).
+
+    .. math::
+        L_{11} = \mathrm{chol}(A_{11}),\quad L_{21} = A_{21} W_{11}^\top,\quad
+        L_{22} = \mathrm{chol}(A_{22} - L_{21}L_{21}^\top),\quad
+        W_{21} = -W_{22} L_{21} W_{11},
+
+    base cases (``n <= block``) by LAPACK and one triangular solve; everything else is batched
+    products. Only the lower triangle of ``A`` is read. ``info`` is LAPACK's per matrix (the
+    1-based order of the first non-positive or NaN pivot, 0 when it factorised): a matrix whose
+    leading block failed carries garbage into its Schur complement but only into its own.
+    """
+    n = A.shape[-1]
+    if n <= block:
+        L, info = torch.linalg.cholesky_ex(A)
+        return L, _triangular_inverse(L), info
+    h = n // 2
+    L11, W11, i1 = _blocked(A[..., :h, :h], block)
+    L21 = A[..., h:, :h] @ W11.mT
+    L22, W22, i2 = _blocked(A[..., h:, h:] - L21 @ L21.mT, block)
+    W21 = -(W22 @ (L21 @ W11))
+    zero = A.new_zeros(A.shape[:-2] + (h, n - h))
+    L = torch.cat([torch.cat([L11, zero], -1), torch.cat([L21, L22], -1)], -2)
+    W = torch.cat([torch.cat([W11, zero], -1), torch.cat([W21, W22], -1)], -2)
+    return L, W, torch.where(i1 > 0, i1, torch.where(i2 > 0, i2 + h, i2))
+
+
+def _factor(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(L, info, W or None)``: one LAPACK call per matrix (``W = None``), or the blocked
+    factorisation where :func:`use_blocked_cholesky` says so, its gradient the symmetric one of
+    ``_InverseFactor`` (products with the ``W`` it formed)."""
+    if not use_blocked_cholesky(A):
+        L, info = torch.linalg.cholesky_ex(A)
+        return L, info, None
+    with torch.no_grad():
+        L, W, info = _blocked(A.detach(), BLOCK)
+    if A.requires_grad:
+        L, W = _InverseFactor.apply(A, L, W)
+    return L, info, W
+
+
 def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor | None,
-              where: str, head_axis: int | None) -> torch.Tensor:
+              where: str, head_axis: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The failure path of :func:`cholesky`: name non-finite matrices, find each failing
     matrix's jitter (the ``cholesky_jitter`` value, or 10 ``eps``, then 10x per try), then
     factorise the batch once with per-matrix jitter (the first factor is dropped: its failed
-    entries would poison the backward pass with NaN)."""
+    entries would poison the backward pass with NaN). Returns ``(L, W or None)`` as
+    :func:`_checked_cholesky`; the tries and the final factorisation take the same path
+    (:func:`_factor`), so the matrices that needed no jitter keep their factors bit for bit."""
     n, batch_shape = A.shape[-1], A.shape[:-2]
     flat_A, flat_bad = A.reshape(-1, n, n), bad.reshape(-1)
     total = flat_bad.numel()
@@ -267,7 +346,7 @@ def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor 
     with torch.no_grad():
         left, sub = failing, flat_A[failing]
         for level in levels:
-            L_sub, info = torch.linalg.cholesky_ex(sub + level * eye)
+            L_sub, info, _ = _factor(sub + level * eye)
             ok = (info == 0) & torch.isfinite(L_sub.diagonal(dim1=-2, dim2=-1)).all(-1)
             if bool(ok.any()):
                 jit[left[ok]], top = level, level
@@ -278,13 +357,13 @@ def _escalate(A: torch.Tensor, bad: torch.Tensor, eps: float, eye: torch.Tensor 
         i = int(left[0])
         raise CholeskyError(_describe_failure(flat_A[i], i, batch_shape, where, head_axis)
                             + f"; last jitter {level:.1e} after {len(levels)} escalations")
-    L, info = torch.linalg.cholesky_ex(A + jit.view(batch_shape + (1, 1)) * eye)
+    L, info, W = _factor(A + jit.view(batch_shape + (1, 1)) * eye)
     if bool((info > 0).any()):  # pragma: no cover -- the same inputs factorised above
         raise CholeskyError(f"Cholesky failed in {where or '<unnamed module>'} with the "
                             "jitter that factorised it a moment ago")
     first = _position(int(failing[0]), batch_shape, head_axis)
     _record(where, failing.numel(), top, total, f"first {first}" if batch_shape else first)
-    return L
+    return L, W
 
 
 def _triangular_inverse(L: torch.Tensor) -> torch.Tensor:
@@ -295,8 +374,8 @@ def _triangular_inverse(L: torch.Tensor) -> torch.Tensor:
 
 
 class _InverseFactor(torch.autograd.Function):
-    r"""``(L, W = L^{-1})`` from ``A`` and its (detached) factor ``L``, with a matmul-only
-    backward.
+    r"""``(L, W = L^{-1})`` from ``A`` and its (detached) factor ``L`` (and ``W`` when already
+    formed), with a matmul-only backward.
 
     With :math:`LL^\top = A` and :math:`W = L^{-1}` (so :math:`dW = -W\,dL\,W` and
     :math:`L^\top W^\top = I`), the gradients :math:`\bar L, \bar W` give
@@ -313,8 +392,9 @@ class _InverseFactor(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, A: torch.Tensor, L: torch.Tensor):  # noqa: ARG004 -- A: the graph's input
-        W = _triangular_inverse(L)
+    def forward(ctx, A: torch.Tensor, L: torch.Tensor,  # noqa: ARG004 -- A: the graph's input
+                W: torch.Tensor | None = None):
+        W = _triangular_inverse(L) if W is None else W
         ctx.save_for_backward(L, W)
         ctx.set_materialize_grads(False)
         return L, W
@@ -324,7 +404,7 @@ class _InverseFactor(torch.autograd.Function):
     def backward(ctx, gL: torch.Tensor | None, gW: torch.Tensor | None):
         L, W = ctx.saved_tensors
         if gL is None and gW is None:  # pragma: no cover -- autograd does not call it then
-            return None, None
+            return None, None, None
         if gL is None:                  # Phi = -tril(gW W^T): the sign goes into the last scale
             phi, scale = gW @ W.mT, -0.5
         else:
@@ -334,7 +414,7 @@ class _InverseFactor(torch.autograd.Function):
         phi.tril_()                     # fresh tensors: in place, fewer passes and allocations
         S = phi + phi.mT
         S.diagonal(dim1=-2, dim2=-1).mul_(0.5)
-        return W.mT @ S.mul_(scale) @ W, None
+        return W.mT @ S.mul_(scale) @ W, None, None
 
 
 def cholesky_factors(A: torch.Tensor, *, where: str = "", head_axis: int | None = None,
@@ -352,10 +432,11 @@ def cholesky_factors(A: torch.Tensor, *, where: str = "", head_axis: int | None 
     with gp_precision(A.device.type):
         A = A.to(settings.gp_dtype.resolve(A.dtype))
         with torch.no_grad():
-            L = cholesky(A.detach(), where=where, head_axis=head_axis, jitter=jitter)
+            L, W = cholesky(A.detach(), where=where, head_axis=head_axis, jitter=jitter,
+                            _inverse=True)
         if not A.requires_grad:
-            return L, _triangular_inverse(L)
-        return _InverseFactor.apply(A, L)
+            return L, (_triangular_inverse(L) if W is None else W)
+        return _InverseFactor.apply(A, L, W)
 
 
 def cholesky_solve(B: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
@@ -385,13 +466,16 @@ def block_mask(A: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     .. math:: \tilde A = A \odot (m m^\top) + \mathrm{diag}(1 - m)
 
     Padded tokens then decouple from real ones in any factorisation, solve or determinant, and
-    the real block equals the computation on the unpadded sequence.
+    the real block equals the computation on the unpadded sequence. One pass over ``A`` (a
+    masked fill, then the pad diagonal set in place), not four (a product with the pair mask
+    and the sum with a dense diagonal); the same values for finite ``A``.
     """
     if mask is None:
         return A
-    m = mask[:, None, :].to(A.dtype)                                  # [B, 1, N]
-    pair = m.unsqueeze(-1) * m.unsqueeze(-2)                           # [B, 1, N, N]
-    return A * pair + torch.diag_embed(1.0 - m)
+    real = mask[:, None, :]                                           # [B, 1, N]
+    out = A.masked_fill(~(real.unsqueeze(-1) & real.unsqueeze(-2)), 0.0)
+    out.diagonal(dim1=-2, dim2=-1).add_((~real).to(out.dtype))
+    return out
 
 
 def mask_rows(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

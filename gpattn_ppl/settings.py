@@ -12,7 +12,13 @@ hard-code a jitter or a dtype:
 * :class:`posterior_mean` -- stochastic units return their posterior mean instead of a sample
   (the analogue of gpytorch's ``prior_mode``); the Pyro runtime (:mod:`gpattn_ppl.ppl`) reads it;
 * :class:`validate_args` -- argument checks (shapes, masks, NaN) on or off. Checks that need a host
-  sync (``.any()`` on a device tensor) are skipped when this is off.
+  sync (``.any()`` on a device tensor) are skipped when this is off;
+* :class:`blocked_cholesky` -- whether :func:`gpattn_ppl.linalg.cholesky` factorises by
+  recursive 2 x 2 blocks (batched products around small LAPACK base cases) or by one LAPACK call
+  per matrix: ``"auto"`` (the measured per-device rule), ``"on"`` or ``"off"``;
+* :class:`attention_tiles` -- whether kernel and Gumbel attention run in tiles over keys (no
+  ``[B, H, N, N]`` tensor kept for the backward): ``"auto"`` (from a measured N per device),
+  ``"on"`` or ``"off"``.
 
 >>> import torch
 >>> from gpattn_ppl import settings
@@ -28,7 +34,8 @@ from contextlib import ContextDecorator
 
 import torch
 
-__all__ = ["cholesky_jitter", "gp_dtype", "posterior_mean", "validate_args"]
+__all__ = ["attention_tiles", "blocked_cholesky", "cholesky_jitter", "gp_dtype",
+           "posterior_mean", "validate_args"]
 
 _state = threading.local()
 
@@ -158,3 +165,45 @@ class validate_args(_Setting):
 
     def __init__(self, value: bool = True) -> None:
         super().__init__(bool(value))
+
+
+class blocked_cholesky(_Setting):
+    """How :func:`gpattn_ppl.linalg.cholesky` factorises: ``"auto"`` (default: the per-device rule
+    of :func:`gpattn_ppl.linalg.use_blocked_cholesky`, measured), ``"on"`` (recursive 2 x 2
+    blocks whenever a matrix is larger than the base case) or ``"off"`` (one LAPACK / cuSOLVER
+    call per matrix). The factor is the same up to floating-point reassociation; failures,
+    jitter escalation and errors are the same.
+
+    >>> with blocked_cholesky("off"):
+    ...     blocked_cholesky.value()
+    'off'
+    """
+
+    _name = "blocked_cholesky"
+    _default = "auto"
+
+    def __init__(self, mode: str = "on") -> None:
+        if mode not in ("auto", "on", "off"):
+            raise ValueError(f"blocked_cholesky must be 'auto', 'on' or 'off', got {mode!r}")
+        super().__init__(mode)
+
+
+class attention_tiles(_Setting):
+    r"""Whether kernel attention (:math:`\mathcal K V`) and the fused Gumbel attention run in
+    tiles over keys with a recomputing backward (no ``[B, H, N, N]`` tensor kept; without
+    attention dropout): ``"auto"`` (default: from the number of keys each unit's measured
+    per-device rule ``TILE_MIN_N`` names; untiled on a device it does not list), ``"on"`` or
+    ``"off"``.
+
+    >>> with attention_tiles("on"):
+    ...     attention_tiles.value()
+    'on'
+    """
+
+    _name = "attention_tiles"
+    _default = "auto"
+
+    def __init__(self, mode: str = "on") -> None:
+        if mode not in ("auto", "on", "off"):
+            raise ValueError(f"attention_tiles must be 'auto', 'on' or 'off', got {mode!r}")
+        super().__init__(mode)

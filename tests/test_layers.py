@@ -14,7 +14,7 @@ ROOT = Path(gpattn_ppl.__file__).parent
 
 #: top of the house first; a package may import only packages of a strictly lower rank
 RANK = {
-    "run": 100, "models": 90, "infer": 85, "layers": 80, "testing": 75, "attention": 70,
+    "run": 100, "hf": 95, "models": 90, "infer": 85, "layers": 80, "testing": 75, "attention": 70,
     "variational": 65, "gp": 60, "features": 50, "kernels": 40, "distributions": 40,
     "ppl": 30, "ood": 27, "metrics": 25, "data": 20, "linalg": 10, "schema": 7, "settings": 5,
     "errors": 2, "_version": 1,

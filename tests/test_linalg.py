@@ -120,3 +120,116 @@ def test_deferred_checks_record_failures_without_raising_and_the_checked_call_re
     assert box.calls == 1 and not bool(box.failed())
     with pytest.raises(linalg.CholeskyError):  # outside the block: checked at once
         linalg.cholesky(A)
+
+
+# -- the blocked factorisation (settings.blocked_cholesky) ------------------------------------
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """The blocked path with base case 4, so 2-3 levels of recursion at n = 9-13."""
+    monkeypatch.setattr(linalg, "BLOCK", 4)
+    with settings.blocked_cholesky("on"):
+        yield
+
+
+def _spd_batch(shape, n, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(*shape, n, n, generator=g, dtype=dtype)
+    return X @ X.mT / n + 0.3 * torch.eye(n, dtype=dtype)
+
+
+def test_blocked_factor_inverse_and_info_match_lapack():
+    """L and W = L^{-1} equal LAPACK's factor and its inverse (odd sizes, uneven splits), and
+    info is LAPACK's per matrix, wherever the first bad pivot is (leading block, Schur
+    complement, last pivot, NaN)."""
+    A = _spd_batch((2, 3), 13)
+    L, W, info = linalg._blocked(A, 4)
+    torch.testing.assert_close(L, torch.linalg.cholesky(A), rtol=0, atol=1e-12)
+    torch.testing.assert_close(W, torch.linalg.inv(torch.linalg.cholesky(A)), rtol=0, atol=1e-10)
+    assert torch.equal(L, L.tril()) and torch.equal(W, W.tril()) and not info.any()
+    bad = _spd_batch((6,), 13, seed=1)
+    for i, pivot in enumerate((0, 2, 5, 9, 12)):    # a non-positive pivot at position `pivot`
+        bad[i, pivot, pivot] = -5.0
+    bad[5, 7, 7] = float("nan")
+    _, _, info = linalg._blocked(bad, 4)
+    assert torch.equal(info, torch.linalg.cholesky_ex(bad)[1]), info
+    assert info.tolist()[:5] == [1, 3, 6, 10, 13] and info[5] > 0
+
+
+def test_blocked_cholesky_matches_torch_with_a_symmetric_gradient(small_blocks):
+    """Values, and gradients equal torch's (symmetric, from the lower triangle) for uses of L
+    and of (L, W) through cholesky_factors, in float64 and float32; only the lower triangle
+    is read."""
+    A0 = _spd_batch((2,), 11, seed=3)
+    g = torch.randn(2, 11, 11, dtype=torch.float64)
+    for dtype, tol in ((torch.float64, 1e-9), (torch.float32, 2e-4)):
+        A = A0.to(dtype).clone().requires_grad_(True)
+        with settings.gp_dtype(dtype):
+            L = linalg.cholesky(A + torch.triu(torch.ones_like(A), 1))   # upper: never read
+        assert L.dtype == dtype
+        (L * g.to(dtype)).sum().backward()
+        At = A0.to(dtype).clone().requires_grad_(True)
+        (torch.linalg.cholesky(At) * g.to(dtype)).sum().backward()
+        torch.testing.assert_close(L.detach(), torch.linalg.cholesky(A0.to(dtype)),
+                                   rtol=tol, atol=tol)
+        torch.testing.assert_close(A.grad, At.grad, rtol=tol, atol=tol)
+    A = A0.clone().requires_grad_(True)
+    L, W = linalg.cholesky_factors(A)
+    ((W ** 2) * g).sum().add(L.diagonal(dim1=-2, dim2=-1).log().sum()).backward()
+    with settings.blocked_cholesky("off"):
+        At = A0.clone().requires_grad_(True)
+        Lt, Wt = linalg.cholesky_factors(At)
+        ((Wt ** 2) * g).sum().add(Lt.diagonal(dim1=-2, dim2=-1).log().sum()).backward()
+    torch.testing.assert_close(W.detach(), Wt.detach(), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(A.grad, At.grad, rtol=1e-9, atol=1e-10)
+
+
+def test_blocked_cholesky_escalates_only_the_failing_matrices_and_names_errors(small_blocks):
+    """A matrix failing in its Schur complement gets the jitter, the others keep their
+    factors bit for bit; a hopeless one is named (head, eigenvalue); NaN is named; inside
+    deferred_checks the failure is recorded without a host synchronisation."""
+    from tests.sync import sync_counter
+
+    good = _spd_batch((1, 3), 10, seed=4)
+    v = torch.randn(10, 1, dtype=torch.float64)
+    A = good.clone()
+    A[0, 1] = v @ v.T + torch.diag_embed(torch.tensor([1.0] * 6 + [0.0] * 4, dtype=A.dtype))
+    assert linalg._blocked(A, 4)[2].tolist() == [[0, linalg._blocked(A, 4)[2][0, 1].item(), 0]]
+    assert linalg._blocked(A, 4)[2][0, 1] > 6                     # fails past the first block
+    linalg.reset_numerics_stats(warned=True)
+    with pytest.warns(NumericsWarning, match=r"K_o: .* 1 of 3 matrices \(first head 1"):
+        L = linalg.cholesky(A, where="K_o", head_axis=1)
+    assert linalg.numerics_stats()["escalations"] == 1
+    L_good = linalg.cholesky(good)
+    assert torch.equal(L[0, 0], L_good[0, 0]) and torch.equal(L[0, 2], L_good[0, 2])
+    eps = linalg.numerics_stats()["max_jitter"]
+    torch.testing.assert_close(L[0, 1] @ L[0, 1].T, A[0, 1] + eps * torch.eye(10, dtype=A.dtype))
+    linalg.reset_numerics_stats(warned=True)
+    hopeless = good.clone()
+    hopeless[0, 2] = -torch.eye(10, dtype=A.dtype)
+    with settings.cholesky_jitter(max_tries=2), pytest.raises(
+            linalg.CholeskyError, match=r"blocks\.0\.attn, head 2.*smallest eigenvalue -1"):
+        linalg.cholesky(hopeless, where="blocks.0.attn", head_axis=1)
+    nan = good.clone()
+    nan[0, 0, 7, 2] = float("nan")
+    with pytest.raises(linalg.NonFiniteError, match=r"blocks\.0\.attn, head 0.*NaN"):
+        linalg.cholesky(nan, where="blocks.0.attn", head_axis=1)
+    with linalg.deferred_checks() as box, sync_counter() as s:
+        linalg.cholesky_factors(hopeless)
+        failed = box.failed()
+    assert s.count == 0, s.ops
+    assert bool(failed) and linalg.numerics_stats()["escalations"] == 0
+
+
+def test_blocked_dispatch_rule():
+    """'auto' on CPU blocks from CPU_BLOCKED_MIN_N, never at or below the base case; 'off'
+    never; 'on' above the base case; other values are refused."""
+    big = torch.empty(1, linalg.CPU_BLOCKED_MIN_N, linalg.CPU_BLOCKED_MIN_N)
+    small = torch.empty(1, linalg.BLOCK, linalg.BLOCK)
+    mid = torch.empty(1, linalg.BLOCK + 1, linalg.BLOCK + 1)
+    assert linalg.use_blocked_cholesky(big) and not linalg.use_blocked_cholesky(small)
+    with settings.blocked_cholesky("off"):
+        assert not linalg.use_blocked_cholesky(big)
+    with settings.blocked_cholesky("on"):
+        assert linalg.use_blocked_cholesky(mid) and not linalg.use_blocked_cholesky(small)
+    with pytest.raises(ValueError, match="blocked_cholesky"):
+        settings.blocked_cholesky("yes")

@@ -13,7 +13,8 @@ MODULES = ["gpattn_ppl.errors", "gpattn_ppl.linalg", "gpattn_ppl.schema",
 
 
 def test_the_layout_has_the_documented_subpackages():
-    assert set(SUBPACKAGES) == {"attention", "data", "distributions", "features", "gp", "infer",
+    assert set(SUBPACKAGES) == {"attention", "data", "distributions", "features", "gp", "hf",
+                                "infer",
                                 "kernels", "layers", "metrics", "models", "ood", "ppl", "run",
                                 "testing", "variational"}
 

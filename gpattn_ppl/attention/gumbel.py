@@ -11,6 +11,7 @@ from torch import nn
 from ..distributions import AttentionPredictive, SafeRelaxedOneHotCategorical
 from ..distributions import relaxed_one_hot as _roh
 from ..ppl import Schedule, ScheduledAttributes, build_schedule, positive_float
+from ._tiled import TILE, tiled_attention, use_tiles
 from .base import AttentionUnit
 from .pretrained import SoftmaxWeights, copy_qkv, register_pretrained_init
 from .registry import register_attention
@@ -21,6 +22,14 @@ __all__ = ["GumbelAttention"]
 PRIORS = ("same", "uniform")
 
 _NEG_INF = float("-inf")
+
+#: ``attention_tiles("auto")``: the fused path runs in tiles over keys from this many keys on,
+#: per device type; a device type not listed keeps the untiled path. CPU is not listed: measured
+#: there (``benchmarks/bench_tiles.py``, ``benchmarks/results/item4_tiles_cpu.json``, 1 thread,
+#: one train step, B N = 2048) the tiled step took 2.4x the time of the fused
+#: ``scaled_dot_product_attention`` step at N = 256 and 1024 (the noise is drawn twice) and its
+#: peak memory was higher (60 against 41 MiB at N = 1024: the fused kernel keeps only the noise)
+TILE_MIN_N: dict[str, int] = {}
 
 
 def _schedule_or_none(spec, where: str) -> Schedule | None:
@@ -184,10 +193,23 @@ class GumbelAttention(ScheduledAttributes, AttentionUnit):
         draw (same shape, same RNG stream) as the site would make; the modal value
         :math:`\mathrm{softmax}(q k^\top/\tau)\,v` in posterior-mean mode. Otherwise the weights
         are materialised as the Pyro site ``weights``.
+
+        Without attention dropout the fused path runs in tiles of ``TILE`` keys where
+        :class:`~gpattn_ppl.settings.attention_tiles` says so (no ``[B, H, N, N']`` noise or
+        weights kept; the backward redraws each tile's noise from the saved generator state).
+        With one tile (N' <= ``TILE``) the draw is the untiled one; with more, each tile
+        ``[B, H, N, t]`` is drawn in turn, so the same uniforms land in other places: the same
+        iid Gumbel distribution and the same generator state afterwards, not the same values.
         """
         tau = self.temperature
         p = self.attn_dropout.p if self.attn_dropout.active else 0.0
         if self._fused():
+            if p == 0.0 and use_tiles(k.shape[-2], k.device, TILE_MIN_N):
+                noise = None if self.use_mean else (
+                    lambda shape, dtype, device: _roh.sample_gumbel(
+                        shape, dtype=dtype, device=device).div_(tau))
+                return tiled_attention(lambda a, b: (a @ b.mT).div_(tau), q, k, v, mask,
+                                       tile=TILE, noise_fn=noise)
             if self.use_mean:
                 bias = None if mask is None else mask[:, None, None, :]
             else:

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from ..distributions import AttentionPredictive
-from ..kernels import KERNELS, canonical_projection_init_, gram, log_gram, make_attention_kernel
+from ..kernels import KERNELS, canonical_projection_init_, log_gram, make_attention_kernel
+from ._tiled import TILE, tiled_attention, use_tiles
 from .base import AttentionUnit
 from .pretrained import (
     SoftmaxWeights,
@@ -23,6 +24,13 @@ from .pretrained import (
 from .registry import register_attention
 
 __all__ = ["KernelAttention"]
+
+#: ``attention_tiles("auto")``: the tiled path from this many keys on, per device type; a device
+#: type not listed keeps the untiled path. CPU is not listed: measured there
+#: (``benchmarks/bench_tiles.py``, ``benchmarks/results/item4_tiles_cpu.json``, 1 thread, one
+#: train step, B N = 2048) the tiled step took 1.61x the untiled one's time at N = 256 and 1.22x
+#: at N = 1024, for half its peak memory at N = 1024 (52 against 103 MiB)
+TILE_MIN_N: dict[str, int] = {}
 
 
 @register_attention("kernel")
@@ -48,7 +56,9 @@ class KernelAttention(AttentionUnit):
     :param attn_dropout: dropout on :math:`\mathcal K` (kept on at test under MC dropout).
     :param proj_dropout: dropout after :math:`W_O`.
 
-    Cost O(N² D) time and O(N²) memory per (b, h).
+    Cost O(N² D) time and O(N²) memory per (b, h); in tiles over keys
+    (:class:`~gpattn_ppl.settings.attention_tiles`, without attention dropout) O(N t) memory
+    for tile width t and one more evaluation of the logits in the backward.
     """
 
     def __init__(self, dim: int, heads: int, *,
@@ -87,20 +97,23 @@ class KernelAttention(AttentionUnit):
         return AttentionPredictive.point(self._matrix(q, k, mask) @ v)
 
     def _matrix(self, q, k, mask):
-        if self.normalize:
-            logits = log_gram(self.kernel, q, k)
-            if mask is not None:
-                logits = logits.masked_fill(~mask[:, None, None, :], float("-inf"))
-            return torch.softmax(logits, dim=-1)
-        K = gram(self.kernel, q, k)
+        # the pad keys' logits are set to -inf in place (the sum that forms them keeps nothing
+        # for its backward): exp gives the unnormalised form's exact 0 there
+        logits = log_gram(self.kernel, q, k)
         if mask is not None:
-            K = K.masked_fill(~mask[:, None, None, :], 0.0)
-        return K
+            logits.masked_fill_(~mask[:, None, None, :], float("-inf"))
+        return torch.softmax(logits, dim=-1) if self.normalize else torch.exp(logits)
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v = self.project(x)
-        A = self.attn_dropout(self._matrix(q, k, mask))
-        return self.proj_dropout(self.out(self.merge_heads(A @ v)))
+        if not self.attn_dropout.active and use_tiles(k.shape[-2], k.device, TILE_MIN_N):
+            heads = tiled_attention(lambda a, b: log_gram(self.kernel, a, b), q, k, v, mask,
+                                    params=[p for p in self.kernel.parameters()
+                                            if p.requires_grad],
+                                    normalize=self.normalize, tile=TILE)
+        else:
+            heads = self.attn_dropout(self._matrix(q, k, mask)) @ v
+        return self.proj_dropout(self.out(self.merge_heads(heads)))
 
 
 # -- initialisation from a pretrained softmax layer (attention/pretrained.py) ------------------

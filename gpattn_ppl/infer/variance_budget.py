@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..attention.base import AttentionUnit
+from ..metrics import mutual_information
 from ..settings import posterior_mean
 from .predictive import program_pass
 from .program import PyroProgram
@@ -101,16 +102,6 @@ def _rel_spread(draws: torch.Tensor) -> float:
     mean = draws.mean(0)
     return float((draws - mean).square().sum(tuple(range(1, draws.dim()))).mean()
                  / mean.square().sum().clamp_min(1e-300))
-
-
-def _mutual_info(logits: torch.Tensor) -> torch.Tensor:
-    """Per-example mutual information (nats) of ``logits [T, B, K]``."""
-    logp = torch.log_softmax(logits.double(), -1)
-    p = logp.exp()
-    pbar = p.mean(0)
-    h_mean = -(pbar * pbar.clamp_min(1e-300).log()).sum(-1)
-    mean_h = -(p * logp).sum(-1).mean(0)
-    return (h_mean - mean_h).clamp_min(0)
 
 
 @torch.no_grad()
@@ -204,7 +195,8 @@ def variance_budget(program: PyroProgram, dataset, *, num_samples: int = 16,
         feats = torch.stack(features) if features else None
         report["features_rel_var"] = 0.0 if feats is None or T < 2 else _rel_spread(feats)
         report["logit_std"] = (float(logits.double().std(0).mean()) if T > 1 else 0.0)
-        report["mutual_info"] = float(_mutual_info(logits).mean()) if T > 1 else 0.0
+        report["mutual_info"] = (float(mutual_information(torch.softmax(logits.double(), -1)).mean())
+                                 if T > 1 else 0.0)
         return report
     finally:
         for h in handles:

@@ -40,6 +40,7 @@ from .swap import (
     HOSTS,
     AttentionLayer,
     BertAttentionAdapter,
+    HostAttentionAdapter,
     MultiheadAttentionAdapter,
     SelfAttentionAdapter,
     attention_units,
@@ -53,7 +54,8 @@ from .text import TextClassifier
 from .vit import ViTClassifier
 
 __all__ = ["AttentionHost", "AttentionLayer", "BertAttentionAdapter", "ConfigError",
-           "ConfigLoader", "FREEZE", "HEADS", "HFClassifier", "HOSTS", "MAX_CONFIG_BYTES",
+           "ConfigLoader", "FREEZE", "HEADS", "HFClassifier", "HOSTS",
+           "HostAttentionAdapter", "MAX_CONFIG_BYTES",
            "MAX_CONFIG_DEPTH", "MAX_VALUE_DEPTH", "MAX_VALUE_ITEMS", "MODEL_SCHEMA",
            "MultiheadAttentionAdapter", "Option", "POOLING", "PrefixCache", "RandomFeatureGP",
            "SNGPHostMixin", "SNGP_DEFAULTS", "SNGP_SCHEMA", "SelfAttentionAdapter", "SpectralNormLinear",

@@ -341,7 +341,8 @@ def sngp_options(options: dict | None) -> dict:
 #: the attention input projections of the hosts :mod:`~gpattn_ppl.models.swap` knows (BERT,
 #: DistilBERT, q/k/v/o models, nn.MultiheadAttention): not normalised, as in Liu et al.'s BERT
 _INPUT_PROJECTIONS = frozenset({"query", "key", "value", "q_lin", "k_lin", "v_lin", "q_proj",
-                                "k_proj", "v_proj", "qkv", "in_proj", "c_attn"})
+                                "k_proj", "v_proj", "qkv", "in_proj", "c_attn",
+                                "query_proj", "key_proj", "value_proj"})   # DeBERTa-v2
 
 
 def residual_linears(encoder: nn.Module, prefix: str = "") -> list[str]:

@@ -2,28 +2,53 @@
 
 :func:`swap_attention` replaces the self-attention of chosen layers of
 
-* a Hugging Face BERT-family encoder (``BertModel`` and every model whose layers hold a
-  ``BertAttention``-like module: ``self.query/key/value`` + ``output.dense/LayerNorm``, e.g.
-  all-MiniLM-L6-v2), a DistilBERT one (``q_lin/k_lin/v_lin/out_lin``), or one whose
-  self-attention has ``q_proj/k_proj/v_proj/o_proj`` (ViT and others; bidirectional, no
-  grouped-query attention),
+* a Hugging Face encoder: BERT, RoBERTa, ELECTRA, MiniLM and every model whose layers hold a
+  ``BertAttention``-like module (``self.query/key/value`` + ``output.dense/LayerNorm``);
+  ALBERT (its one shared layer: swapping it swaps every depth that uses it); DeBERTa-v2/v3
+  (content attention only: the disentangled c2p/p2c relative-position terms are dropped, with
+  a warning); DistilBERT (``q_lin/k_lin/v_lin/out_lin``); ViT (``attention.query/key/value``
+  before transformers 5, ``q_proj/k_proj/v_proj/o_proj`` from 5) and other bidirectional
+  ``q_proj/k_proj/v_proj/o_proj`` attentions,
 * ``torch.nn.TransformerEncoder`` layers (their ``nn.MultiheadAttention``),
 * the library's own :class:`~gpattn_ppl.models.TextClassifier` /
   :class:`~gpattn_ppl.models.ViTClassifier` blocks,
 
 with a unit built by :func:`~gpattn_ppl.attention.build_attention`, behind an adapter that keeps
-the host's interface: its calling convention, its attention masks (translated to the units'
-``[B, N]`` key mask), its head count and width, and its dropout (attention-probability dropout
-for units with attention weights, the output dropout of BERT's ``BertSelfOutput``). With
-``init="pretrained"`` the unit starts from the replaced layer's projections
-(:func:`~gpattn_ppl.attention.init_from_softmax`), and, given a calibration batch, its
-GP-specific parameters are fitted to reproduce the layer's output; the report says how close
-it got (relative error of the attention output at the posterior mean and for one draw).
+the host's interface: its calling convention (that of the installed transformers version), its
+attention masks (translated to the units' ``[B, N]`` key mask), its head count and width, its
+logit scale, and its dropout (attention-probability dropout for units with attention weights,
+the output dropout of BERT's ``BertSelfOutput``). With ``init="pretrained"`` the unit starts
+from the replaced layer's projections (:func:`~gpattn_ppl.attention.init_from_softmax`), and,
+given a calibration batch, its GP-specific parameters are fitted to reproduce the layer's
+output; the report says how close it got (relative error of the attention output at the
+posterior mean and for one draw).
+
+Refused, naming the host class and the reason: causal (decoder) self-attention (GPT-2, Llama,
+Qwen2, ... used as encoders: the units take a ``[B, N]`` key padding mask and attend
+bidirectionally, so a swapped layer would let every token see the tokens after it), rotary
+position embeddings applied inside the attention (a unit computes its own projections and
+cannot apply them), grouped-query attention (k/v narrower than q), cross-attention, caches
+and head masks.
+
+**One path: module replacement.** transformers >= 4.48 routes most attention modules through
+an implementation registry (``AttentionInterface``): a registered function receives the host's
+projected per-head ``q, k, v`` ``[B, H, N, D]`` and returns the head outputs. No registered
+unit can consume those: each owns its projections of ``x`` and uses them in its own way
+(SGPA's tied ``W_qk`` in a symmetric kernel, KEP-SVGP's feature maps and ``W_e, W_r``, CGPT's
+and SCGPT's latent projection of ``x``, h-Gumbel's centroids, its own ``W_O`` and output
+dropout), and :meth:`~gpattn_ppl.attention.AttentionUnit.forward` is ``x [B, N, C] -> [B, N,
+C]``. So every unit replaces the host's attention module (the host's q/k/v/o weights are
+copied into it with ``init="pretrained"``), on every transformers version: the same
+adapters serve versions with and without the registry, and DeBERTa-v2's disentangled
+attention does not go through it at all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+import math
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,7 +66,8 @@ from ..attention import (
     relative_error,
 )
 
-__all__ = ["AttentionLayer", "BertAttentionAdapter", "SelfAttentionAdapter", "HOSTS",
+__all__ = ["AttentionLayer", "BertAttentionAdapter", "HostAttentionAdapter",
+           "SelfAttentionAdapter", "HOSTS",
            "MultiheadAttentionAdapter", "attention_units", "calibrate_swapped",
            "find_attention_layers", "gap_to_softmax", "key_mask", "swap_attention"]
 
@@ -51,19 +77,24 @@ __all__ = ["AttentionLayer", "BertAttentionAdapter", "SelfAttentionAdapter", "HO
 def key_mask(mask: torch.Tensor | None, B: int, N: int, where: str) -> torch.Tensor | None:
     """The units' ``[B, N]`` bool key mask (True on real tokens) from a host's padding mask.
 
-    Accepted: ``None``; ``[B, N]`` bool/int (1 or True = real); HF's 4-D ``[B, 1, N_q, N]``
-    bool (True = attend) or additive float (0 = attend, a large negative = masked). A key is
-    real when some query may attend to it.
+    Accepted: ``None``; ``[B, N]`` bool/int (1 or True = real); a 4-D ``[B or 1, 1, N_q, N]``
+    mask: bool (True = attend, HF's sdpa masks), integer (1 = attend, DeBERTa's) or additive
+    float (0 = attend, a large negative = masked, HF's eager masks). A key is real when some
+    query may attend to it.
 
     :raises ValueError: another shape, naming ``where``.
     """
     if mask is None:
         return None
-    if mask.dim() == 4 and mask.shape[0] == B and mask.shape[1] == 1 and mask.shape[-1] == N:
+    if mask.dim() == 4 and mask.shape[0] in (1, B) and mask.shape[1] == 1 \
+            and mask.shape[-1] == N:
         if mask.dtype == torch.bool:
             real = mask[:, 0].any(-2)
+        elif not mask.is_floating_point():
+            real = (mask[:, 0] != 0).any(-2)
         else:
             real = (mask[:, 0] > torch.finfo(mask.dtype).min / 2).any(-2)
+        real = real.expand(B, N)
     elif mask.dim() == 2 and tuple(mask.shape) == (B, N):
         real = mask.bool() if mask.dtype == torch.bool or not mask.is_floating_point() \
             else mask > 0.5
@@ -75,41 +106,108 @@ def key_mask(mask: torch.Tensor | None, B: int, N: int, where: str) -> torch.Ten
 
 # -- adapters -----------------------------------------------------------------------------------
 
-class BertAttentionAdapter(nn.Module):
-    r"""Stands in for a ``BertAttention``: ``LN(x + \mathrm{unit}(x, \text{mask}))``.
+#: keyword arguments a host may pass its attention that a swapped unit cannot honour, when not
+#: ``None``: argument -> what it is
+_REFUSED = {"head_mask": "a head mask", "encoder_hidden_states": "cross-attention",
+            "past_key_value": "a key/value cache", "past_key_values": "a key/value cache",
+            "cache": "a key/value cache", "layer_past": "a key/value cache",
+            "query_states": "separate query states (DeBERTa's enhanced mask decoder)",
+            "position_embeddings": "rotary position embeddings"}
 
-    The unit owns ``W_O`` and the output dropout (BERT's ``dense`` and ``dropout``); the
-    host's ``LayerNorm`` is kept. Returns ``(output, None)`` as ``BertAttention`` does.
+
+class HostAttentionAdapter(nn.Module):
+    """Base of the adapters that stand in for a Hugging Face attention module
+    (:class:`BertAttentionAdapter`, :class:`SelfAttentionAdapter`).
+
+    Reads the hidden states (first positional argument, or ``hidden_states=`` / ``query=``) and
+    the padding mask (second positional argument, or ``attention_mask=`` / ``mask=``) whatever
+    the transformers version's calling convention, refuses what a unit cannot honour (a head
+    mask, cross-attention, a cache, rotary embeddings) and returns ``(output, None)`` as the
+    hosts' attention modules do (``output`` alone where the host expects a tensor: DeBERTa-v2
+    on transformers < 4.47 without ``output_attentions``).
     """
 
-    def __init__(self, unit: AttentionUnit, layer_norm: nn.LayerNorm) -> None:
+    def __init__(self, unit: AttentionUnit, host: str, *, host_class: str = "",
+                 mask_arg: bool = True, tensor_return: bool = False) -> None:
         super().__init__()
-        self.unit, self.LayerNorm = unit, layer_norm
+        self.unit, self.host, self.host_class = unit, host, host_class or host
+        #: whether the second positional argument is the padding mask (ViT on transformers < 5
+        #: passes its head mask there)
+        self.mask_arg, self.tensor_return = mask_arg, tensor_return
+        self._options = {"host_class": self.host_class, "mask_arg": mask_arg,
+                         "tensor_return": tensor_return}
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                encoder_hidden_states: torch.Tensor | None = None, *args, **kwargs):
-        if encoder_hidden_states is not None or kwargs.get("cache") is not None:
-            raise ValueError(f"{self.unit.site_prefix}: a swapped unit does self-attention "
-                             "only (no cross-attention, no key/value cache)")
-        B, N, _ = hidden_states.shape
-        mask = key_mask(attention_mask, B, N, self.unit.site_prefix)
-        return self.LayerNorm(hidden_states + self.unit(hidden_states, mask)), None
+    def _inputs(self, args, kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        where = f"{self.unit.site_prefix} (in place of {self.host_class})"
+        if args:
+            x, rest = args[0], list(args[1:])
+        else:
+            name = next((n for n in ("hidden_states", "query", "x") if n in kwargs), None)
+            if name is None:
+                raise ValueError(f"{where}: no hidden states among the arguments "
+                                 f"{sorted(kwargs)}")
+            x, rest = kwargs[name], []
+        for n in ("key", "value"):
+            if kwargs.get(n) is not None and kwargs[n] is not x:
+                raise ValueError(f"{where}: a swapped unit does self-attention only (query, key "
+                                 "and value must be the same tensor)")
+        mask = None
+        if self.mask_arg:
+            mask = rest.pop(0) if rest else kwargs.get("attention_mask", kwargs.get("mask"))
+        for a in rest:
+            if isinstance(a, torch.Tensor):
+                raise ValueError(f"{where}: a swapped unit takes no extra tensor argument "
+                                 f"(a head mask or cross-attention states) besides the padding "
+                                 f"mask; got one of shape {tuple(a.shape)}")
+        for n, what in _REFUSED.items():
+            if kwargs.get(n) is not None:
+                raise ValueError(f"{where}: a swapped unit does plain self-attention; the host "
+                                 f"passed {what} ({n}=), which it cannot use")
+        B, N, _ = x.shape
+        return x, key_mask(mask, B, N, where)
+
+    def _result(self, out: torch.Tensor, kwargs):
+        if self.tensor_return and not kwargs.get("output_attentions"):
+            return out
+        return out, None
+
+    def rewrap(self, unit: AttentionUnit) -> HostAttentionAdapter:
+        """The same adapter around another unit (a second swap of the layer)."""
+        raise NotImplementedError
 
 
-class SelfAttentionAdapter(nn.Module):
-    """Stands in for a self-attention module that returns ``(output, weights)`` and leaves the
-    residual to its layer (DistilBERT's, and the ``q_proj/k_proj/v_proj/o_proj`` modules of
-    ViT and others): ``(unit(x, mask), None)``."""
+class BertAttentionAdapter(HostAttentionAdapter):
+    r"""Stands in for an attention module that adds the residual and normalises (``BertAttention``
+    and its copies in RoBERTa, ELECTRA, ...; ALBERT's ``AlbertAttention``; DeBERTa-v2's
+    ``DebertaV2Attention``): ``(LN(x + \mathrm{unit}(x, \text{mask})), None)``.
 
-    def __init__(self, unit: AttentionUnit, host: str) -> None:
-        super().__init__()
-        self.unit, self.host = unit, host
+    The unit owns ``W_O`` and the output dropout (BERT's ``dense`` and ``dropout``); the
+    host's ``LayerNorm`` is kept.
+    """
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                *args, **kwargs):
-        B, N, _ = hidden_states.shape
-        mask = key_mask(attention_mask, B, N, self.unit.site_prefix)
-        return self.unit(hidden_states, mask), None
+    def __init__(self, unit: AttentionUnit, layer_norm: nn.LayerNorm, host: str = "bert",
+                 **kwargs) -> None:
+        super().__init__(unit, host, **kwargs)
+        self.LayerNorm = layer_norm
+
+    def forward(self, *args, **kwargs):
+        x, mask = self._inputs(args, kwargs)
+        return self._result(self.LayerNorm(x + self.unit(x, mask)), kwargs)
+
+    def rewrap(self, unit: AttentionUnit) -> BertAttentionAdapter:
+        return BertAttentionAdapter(unit, self.LayerNorm, self.host, **self._options)
+
+
+class SelfAttentionAdapter(HostAttentionAdapter):
+    """Stands in for an attention module that leaves the residual to its layer (DistilBERT's,
+    ViT's, the ``q_proj/k_proj/v_proj/o_proj`` modules of others): ``(unit(x, mask), None)``."""
+
+    def forward(self, *args, **kwargs):
+        x, mask = self._inputs(args, kwargs)
+        return self._result(self.unit(x, mask), kwargs)
+
+    def rewrap(self, unit: AttentionUnit) -> SelfAttentionAdapter:
+        return SelfAttentionAdapter(unit, self.host, **self._options)
 
 
 class MultiheadAttentionAdapter(nn.Module):
@@ -130,6 +228,7 @@ class MultiheadAttentionAdapter(nn.Module):
         super().__init__()
         self.unit, self.batch_first = unit, bool(batch_first)
         self.embed_dim, self.num_heads = unit.dim, unit.heads
+        self.host, self.host_class = "torch", "MultiheadAttention"
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                 attn_mask=None, average_attn_weights=True, is_causal=False):
@@ -170,11 +269,31 @@ class AttentionLayer:
         """The unit of a layer swapped before (behind its adapter), else ``None``."""
         return self.module.unit if isinstance(self.module, _ADAPTERS) else None
 
+    @property
+    def host_class(self) -> str:
+        """The class name of the host's attention module (the replaced one, once swapped)."""
+        return getattr(self.module, "host_class", None) or type(self.module).__name__
+
+    def refusal(self) -> str | None:
+        """Why this layer cannot be swapped (a causal decoder, rotary embeddings, ...), or
+        ``None``."""
+        refuse = HOSTS[self.host].get("refuse")
+        return None if refuse is None or self.swapped is not None else refuse(self.module)
+
+    def dropped(self) -> list[str]:
+        """The parts of the host's attention a unit does not reproduce (DeBERTa's relative-
+        position terms, ...): ``["c2p: ...", ...]``; empty for most hosts."""
+        dropped = HOSTS[self.host].get("dropped")
+        return [] if dropped is None or self.swapped is not None else dropped(self.module)
+
     def weights(self) -> SoftmaxWeights:
         if self.swapped is not None:
             raise ValueError(f"{self.path}: already swapped to {type(self.swapped).__name__}; "
                              "init='pretrained' reads a softmax layer (use init='random', or "
                              "swap in the original model)")
+        reason = self.refusal()
+        if reason:
+            raise ValueError(f"{self.path} ({self.host_class}): {reason}")
         return HOSTS[self.host]["weights"](self.module, self.path)
 
     def shape(self) -> tuple[int, int]:
@@ -193,22 +312,46 @@ class AttentionLayer:
         return HOSTS[self.host]["dropouts"](self.module)
 
 
+def _linears(m: nn.Module | None, names) -> bool:
+    return m is not None and all(isinstance(getattr(m, n, None), nn.Linear) for n in names)
+
+
+def _has_ln(m: nn.Module | None) -> bool:
+    return isinstance(getattr(m, "LayerNorm", None), nn.LayerNorm)
+
+
 def _is_bert(m: nn.Module) -> bool:
     s, o = getattr(m, "self", None), getattr(m, "output", None)
-    return (isinstance(s, nn.Module) and all(isinstance(getattr(s, n, None), nn.Linear)
-                                             for n in ("query", "key", "value"))
-            and isinstance(getattr(o, "dense", None), nn.Linear)
-            and isinstance(getattr(o, "LayerNorm", None), nn.LayerNorm))
+    return (isinstance(s, nn.Module) and _linears(s, ("query", "key", "value"))
+            and _linears(o, ("dense",)) and _has_ln(o))
+
+
+def _is_vit(m: nn.Module) -> bool:
+    s, o = getattr(m, "attention", None), getattr(m, "output", None)
+    return (isinstance(s, nn.Module) and _linears(s, ("query", "key", "value"))
+            and _linears(o, ("dense",)) and not _has_ln(o))
+
+
+def _is_albert(m: nn.Module) -> bool:
+    return _linears(m, ("query", "key", "value", "dense")) and _has_ln(m)
+
+
+def _is_deberta(m: nn.Module) -> bool:
+    s, o = getattr(m, "self", None), getattr(m, "output", None)
+    return (isinstance(s, nn.Module) and _linears(s, ("query_proj", "key_proj", "value_proj"))
+            and _linears(o, ("dense",)) and _has_ln(o))
 
 
 def _is_distilbert(m: nn.Module) -> bool:
-    return all(isinstance(getattr(m, n, None), nn.Linear)
-               for n in ("q_lin", "k_lin", "v_lin", "out_lin"))
+    return _linears(m, ("q_lin", "k_lin", "v_lin", "out_lin"))
 
 
 def _is_qkvo(m: nn.Module) -> bool:
-    return all(isinstance(getattr(m, n, None), nn.Linear)
-               for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    return _linears(m, ("q_proj", "k_proj", "v_proj", "o_proj"))
+
+
+def _is_gpt2(m: nn.Module) -> bool:
+    return all(isinstance(getattr(m, n, None), nn.Module) for n in ("c_attn", "c_proj"))
 
 
 def _is_gpattn(m: nn.Module) -> bool:
@@ -219,38 +362,72 @@ def _bias(lin: nn.Linear):
     return None if lin.bias is None else lin.bias.detach()
 
 
+def _heads(m: nn.Module, C: int, path: str) -> int:
+    heads = (getattr(m, "num_attention_heads", None) or getattr(m, "num_heads", None)
+             or getattr(m, "n_heads", None) or getattr(getattr(m, "config", None),
+                                                        "num_attention_heads", None))
+    if not heads:
+        raise ValueError(f"{path}: cannot read the head count of {type(m).__name__}")
+    return int(heads)
+
+
+def _read(path: str, cls: str, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear,
+          heads: int, scale: float | None = None) -> SoftmaxWeights:
+    C = q.in_features
+    widths = (q.out_features, k.out_features, v.out_features, o.in_features)
+    if any(w != C for w in widths):
+        raise ValueError(f"{path} ({cls}): q/k/v/o projections of widths {widths} for width "
+                         f"{C}; a unit needs all four C x C (grouped-query or resized "
+                         "attention cannot be read)")
+    return SoftmaxWeights(q.weight.detach(), k.weight.detach(), v.weight.detach(),
+                          o.weight.detach(), _bias(q), _bias(k), _bias(v), _bias(o),
+                          heads=heads, scale=scale)
+
+
 def _bert_weights(m, path) -> SoftmaxWeights:
     s = m.self
-    heads = getattr(s, "num_attention_heads", None) or s.config.num_attention_heads
-    return SoftmaxWeights(s.query.weight.detach(), s.key.weight.detach(), s.value.weight.detach(),
-                          m.output.dense.weight.detach(), _bias(s.query), _bias(s.key),
-                          _bias(s.value), _bias(m.output.dense), heads=heads,
-                          scale=getattr(s, "scaling", None))
+    return _read(path, type(m).__name__, s.query, s.key, s.value, m.output.dense,
+                 _heads(s, s.query.in_features, path), getattr(s, "scaling", None))
+
+
+def _vit_weights(m, path) -> SoftmaxWeights:
+    s = m.attention
+    return _read(path, type(m).__name__, s.query, s.key, s.value, m.output.dense,
+                 _heads(s, s.query.in_features, path), getattr(s, "scaling", None))
+
+
+def _albert_weights(m, path) -> SoftmaxWeights:
+    return _read(path, type(m).__name__, m.query, m.key, m.value, m.dense,
+                 _heads(m, m.query.in_features, path), getattr(m, "scaling", None))
+
+
+def _deberta_factor(s) -> int:
+    """DeBERTa-v2 divides the logits by sqrt(D * (1 + #relative-position terms))."""
+    return 1 + sum(t in (getattr(s, "pos_att_type", None) or []) for t in ("c2p", "p2c"))
+
+
+def _deberta_weights(m, path) -> SoftmaxWeights:
+    s = m.self
+    C, heads = s.query_proj.in_features, _heads(s, s.query_proj.in_features, path)
+    scale = 1.0 / math.sqrt(C // heads * _deberta_factor(s))
+    return _read(path, type(m).__name__, s.query_proj, s.key_proj, s.value_proj,
+                 m.output.dense, heads, scale)
 
 
 def _distilbert_weights(m, path) -> SoftmaxWeights:
-    heads = getattr(m, "n_heads", None)
-    return SoftmaxWeights(m.q_lin.weight.detach(), m.k_lin.weight.detach(),
-                          m.v_lin.weight.detach(), m.out_lin.weight.detach(), _bias(m.q_lin),
-                          _bias(m.k_lin), _bias(m.v_lin), _bias(m.out_lin), heads=heads,
-                          scale=getattr(m, "scaling", None))
+    return _read(path, type(m).__name__, m.q_lin, m.k_lin, m.v_lin, m.out_lin,
+                 _heads(m, m.q_lin.in_features, path), getattr(m, "scaling", None))
 
 
 def _qkvo_weights(m, path) -> SoftmaxWeights:
-    if getattr(m, "is_causal", False):
-        raise ValueError(f"{path}: causal (decoder) attention; a swapped unit attends "
-                         "bidirectionally")
+    reason = _qkvo_refusal(m)
+    if reason:
+        raise ValueError(f"{path} ({type(m).__name__}): {reason}")
     C = m.q_proj.in_features
-    if not (m.q_proj.out_features == m.k_proj.out_features == m.v_proj.out_features == C):
-        raise ValueError(f"{path}: q/k/v projections of widths {m.q_proj.out_features}, "
-                         f"{m.k_proj.out_features}, {m.v_proj.out_features} for width {C} "
-                         "(grouped-query or reshaped attention cannot be read)")
     heads = getattr(m, "num_attention_heads", None) or getattr(m, "num_heads", None) \
         or C // m.head_dim
-    return SoftmaxWeights(m.q_proj.weight.detach(), m.k_proj.weight.detach(),
-                          m.v_proj.weight.detach(), m.o_proj.weight.detach(), _bias(m.q_proj),
-                          _bias(m.k_proj), _bias(m.v_proj), _bias(m.o_proj), heads=heads,
-                          scale=getattr(m, "scaling", None))
+    return _read(path, type(m).__name__, m.q_proj, m.k_proj, m.v_proj, m.o_proj, heads,
+                 getattr(m, "scaling", None))
 
 
 def _mha_weights(m: nn.MultiheadAttention, path) -> SoftmaxWeights:
@@ -273,50 +450,156 @@ def _gpattn_weights(m: AttentionUnit, path) -> SoftmaxWeights:
                           heads=m.heads)
 
 
+#: why a unit cannot stand in for a causal (decoder) self-attention
+_CAUSAL = ("causal (decoder) self-attention: the units take a [B, N] key padding mask and "
+           "attend bidirectionally, so a swapped layer would let every token see the tokens "
+           "after it")
+
+
+def _qkvo_refusal(m) -> str | None:
+    if getattr(m, "is_causal", False):
+        return _CAUSAL
+    if ("position_embeddings" in inspect.signature(type(m).forward).parameters
+            or isinstance(getattr(m, "rotary_emb", None), nn.Module)):      # transformers < 4.45
+        return ("rotary position embeddings are applied to q and k inside the attention; a "
+                "unit computes its own projections and cannot apply them (the swapped layer "
+                "would see no positions)")
+    C = m.q_proj.in_features
+    widths = (m.q_proj.out_features, m.k_proj.out_features, m.v_proj.out_features)
+    if any(w != C for w in widths):
+        return (f"q/k/v projections of widths {widths} for width {C} (grouped-query or "
+                "resized attention): a unit has H heads of width C / H for queries, keys and "
+                "values alike")
+    return None
+
+
+def _gpt2_refusal(m) -> str | None:
+    if getattr(m, "is_cross_attention", False):
+        return "cross-attention: a unit does self-attention only"
+    return _CAUSAL
+
+
+def _bert_dropped(s) -> list[str]:
+    kind = getattr(s, "position_embedding_type", "absolute") or "absolute"
+    if kind == "absolute":
+        return []
+    return [f"{kind}: the relative-position term of the logits (position_embedding_type="
+            f"{kind!r}) has no counterpart in a unit, which attends on content only"]
+
+
+def _deberta_dropped(m) -> list[str]:
+    s = m.self
+    if not getattr(s, "relative_attention", False):
+        return []
+    terms = [t for t in ("c2p", "p2c") if t in (getattr(s, "pos_att_type", None) or [])]
+    return [f"{t}: DeBERTa's disentangled {'content-to-position' if t == 'c2p' else 'position-to-content'} "
+            "term of the logits has no counterpart in a unit, which attends on content only"
+            for t in terms]
+
+
 def _p(drop) -> float:
-    return float(getattr(drop, "p", 0.0) or 0.0)
+    """The probability of a dropout module (``nn.Dropout.p`` or DeBERTa's ``drop_prob``)."""
+    return float(getattr(drop, "p", getattr(drop, "drop_prob", 0.0)) or 0.0)
 
 
-def _bert_adapter(unit, m, layer):
-    return BertAttentionAdapter(unit, m.LayerNorm if isinstance(m, BertAttentionAdapter)
-                                else m.output.LayerNorm)
+def _older_than(version: str) -> bool:
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover -- no HF host without transformers
+        return False
+    from packaging.version import Version
+    return Version(transformers.__version__) < Version(version)
 
 
-_ADAPTERS = (BertAttentionAdapter, SelfAttentionAdapter, MultiheadAttentionAdapter)
+def _ln_adapter(get_ln, host: str, **options):
+    def make(unit, m, layer):
+        if isinstance(m, HostAttentionAdapter):
+            return m.rewrap(unit)
+        return BertAttentionAdapter(unit, get_ln(m), host, host_class=type(m).__name__,
+                                    **options)
+    return make
+
+
+def _plain_adapter(host: str, **options):
+    def make(unit, m, layer):
+        if isinstance(m, HostAttentionAdapter):
+            return m.rewrap(unit)
+        return SelfAttentionAdapter(unit, host, host_class=type(m).__name__, **options)
+    return make
+
+
+def _deberta_adapter(unit, m, layer):
+    # transformers < 4.47: DebertaV2Attention returns a tensor unless output_attentions
+    return _ln_adapter(lambda m: m.output.LayerNorm, "deberta_v2",
+                       tensor_return=_older_than("4.47"))(unit, m, layer)
+
+
+_ADAPTERS = (HostAttentionAdapter, MultiheadAttentionAdapter)
+
 
 def _swapped(m: nn.Module, host: str) -> bool:
-    return isinstance(m, SelfAttentionAdapter) and m.host == host
+    return isinstance(m, HostAttentionAdapter) and m.host == host
 
 
-#: host kind -> how to recognise, read and replace its attention layers
-HOSTS: dict[str, dict[str, Callable]] = {
-    "bert": {"match": lambda m: _is_bert(m) or isinstance(m, BertAttentionAdapter), "weights": _bert_weights,
+#: host kind -> how to recognise (``match``), read (``weights``, ``dropouts``), refuse
+#: (``refuse``: module -> reason or ``None``), and replace (``adapter``) its attention layers;
+#: ``dropped`` lists what a unit does not reproduce; ``models`` names the hosts, for errors
+HOSTS: dict[str, dict] = {
+    "bert": {"match": lambda m: _is_bert(m) or _swapped(m, "bert"), "weights": _bert_weights,
              "dropouts": lambda m: (_p(m.self.dropout), _p(m.output.dropout)),
-             "adapter": _bert_adapter, "unit_path": "unit"},
+             "dropped": lambda m: _bert_dropped(m.self),
+             "adapter": _ln_adapter(lambda m: m.output.LayerNorm, "bert"), "unit_path": "unit",
+             "models": "BERT, RoBERTa, ELECTRA, MiniLM and other BertAttention copies "
+                       "(self.query/key/value + output.dense/LayerNorm)"},
+    "albert": {"match": lambda m: _is_albert(m) or _swapped(m, "albert"),
+               "weights": _albert_weights,
+               "dropouts": lambda m: (_p(getattr(m, "attention_dropout", None)),
+                                      _p(getattr(m, "output_dropout", None))),
+               "dropped": _bert_dropped,
+               "adapter": _ln_adapter(lambda m: m.LayerNorm, "albert"), "unit_path": "unit",
+               "models": "ALBERT (query/key/value/dense/LayerNorm in one module)"},
+    "deberta_v2": {"match": lambda m: _is_deberta(m) or _swapped(m, "deberta_v2"),
+                   "weights": _deberta_weights,
+                   "dropouts": lambda m: (_p(m.self.dropout), _p(m.output.dropout)),
+                   "dropped": _deberta_dropped, "adapter": _deberta_adapter,
+                   "unit_path": "unit",
+                   "models": "DeBERTa-v2/v3 (self.query_proj/key_proj/value_proj + "
+                             "output.dense/LayerNorm)"},
+    "vit": {"match": lambda m: _is_vit(m) or _swapped(m, "vit"), "weights": _vit_weights,
+            "dropouts": lambda m: (_p(m.attention.dropout), _p(m.output.dropout)),
+            "adapter": _plain_adapter("vit", mask_arg=False), "unit_path": "unit",
+            "models": "ViT on transformers < 5 (attention.query/key/value + output.dense)"},
     "distilbert": {"match": lambda m: _is_distilbert(m) or _swapped(m, "distilbert"),
                    "weights": _distilbert_weights,
                    "dropouts": lambda m: (_p(getattr(m, "dropout", None)), 0.0),
-                   "adapter": lambda unit, m, layer: SelfAttentionAdapter(unit, "distilbert"),
-                   "unit_path": "unit"},
+                   "adapter": _plain_adapter("distilbert"), "unit_path": "unit",
+                   "models": "DistilBERT (q_lin/k_lin/v_lin/out_lin)"},
     "qkvo": {"match": lambda m: _is_qkvo(m) or _swapped(m, "qkvo"), "weights": _qkvo_weights,
              "dropouts": lambda m: (float(getattr(m, "attention_dropout", 0.0) or 0.0), 0.0),
-             "adapter": lambda unit, m, layer: SelfAttentionAdapter(unit, "qkvo"),
-             "unit_path": "unit"},
+             "refuse": _qkvo_refusal, "adapter": _plain_adapter("qkvo"), "unit_path": "unit",
+             "models": "bidirectional q_proj/k_proj/v_proj/o_proj attention without rotary "
+                       "embeddings or grouped-query heads (ViT on transformers >= 5, ...)"},
+    "gpt2": {"match": _is_gpt2, "refuse": _gpt2_refusal,
+             "models": "GPT-2 (c_attn/c_proj; recognised, refused: causal)"},
     "torch": {"match": lambda m: isinstance(m, (nn.MultiheadAttention,
                                                  MultiheadAttentionAdapter)), "weights": _mha_weights,
               "dropouts": lambda m: (float(m.dropout), 0.0),
               "adapter": lambda unit, m, layer: MultiheadAttentionAdapter(unit, m.batch_first),
-              "unit_path": "unit"},
+              "unit_path": "unit", "models": "nn.TransformerEncoder / nn.MultiheadAttention"},
     "gpattn": {"match": _is_gpattn, "weights": _gpattn_weights,
                "dropouts": lambda m: (_p(getattr(m, "attn_dropout", None)), _p(m.proj_dropout)),
-               "adapter": lambda unit, m, layer: unit, "unit_path": ""},
+               "adapter": lambda unit, m, layer: unit, "unit_path": "",
+               "models": "the library's TextClassifier / ViTClassifier"},
 }
 
 
 def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
     """The self-attention layers of ``model`` in module order, of one host kind.
 
-    :raises ValueError: none found, or layers of two host kinds.
+    A module shared by several depths (ALBERT's one layer) is one layer here.
+
+    :raises ValueError: none found (naming the model's class, the attention modules it has and
+        the layouts that are recognised), or layers of two host kinds.
     """
     found, owned = [], set()
     for path, module in model.named_modules():
@@ -332,10 +615,14 @@ def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
                 owned.add(path)
                 break
     if not found:
+        seen = sorted({type(m).__name__ for m in model.modules()
+                       if "attention" in type(m).__name__.lower()
+                       or type(m).__name__.lower().endswith("attn")})
+        which = (f"its attention modules ({', '.join(seen)}) have none of the recognised "
+                 "projection layouts" if seen else "it has no module named like an attention")
         raise ValueError(f"swap_attention: no self-attention layer found in "
-                         f"{type(model).__name__}; supported hosts: BERT-family and DistilBERT "
-                         "encoders (Hugging Face), nn.TransformerEncoder / nn.MultiheadAttention, "
-                         "and the library's TextClassifier / ViTClassifier")
+                         f"{type(model).__name__}: {which}. Recognised: "
+                         + "; ".join(spec["models"] for spec in HOSTS.values()))
     hosts = {layer.host for layer in found}
     if len(hosts) > 1:
         raise ValueError(f"swap_attention: attention layers of several kinds in one model "
@@ -437,13 +724,28 @@ def calibrate_swapped(model: nn.Module, pretrained: dict[str, SoftmaxWeights], c
 
 # -- the swap ---------------------------------------------------------------------------------
 
+def _notes(model: nn.Module, layer: AttentionLayer) -> list[str]:
+    """What the record should say about the layer beyond the swap itself (ALBERT's sharing)."""
+    if layer.host != "albert":
+        return []
+    cfg = next((m.config for m in model.modules()
+                if hasattr(getattr(m, "config", None), "num_hidden_groups")), None)
+    if cfg is None:
+        return ["ALBERT shares one layer's weights across depths: the unit runs wherever "
+                "this module does"]
+    runs = cfg.num_hidden_layers // cfg.num_hidden_groups
+    return [f"ALBERT shares layer weights: this one module (and so the unit) runs at {runs} "
+            f"of the {cfg.num_hidden_layers} depths; calibration fits it on the inputs of the "
+            "first"]
+
+
 def swap_attention(model: nn.Module, kind: str, layers: Sequence[int] = (-1,),
                    init: str = "pretrained", calibration=None, **options) -> list[dict]:
     """Replace the self-attention of ``layers`` of ``model`` by units of ``kind`` (in place).
 
-    :param model: a Hugging Face BERT-family / DistilBERT encoder (or a model containing one),
-        an ``nn.TransformerEncoder`` (or anything holding ``nn.MultiheadAttention`` self-attention
-        layers), or a library classifier.
+    :param model: a Hugging Face encoder (see the module docstring for the families) or a
+        model containing one, an ``nn.TransformerEncoder`` (or anything holding
+        ``nn.MultiheadAttention`` self-attention layers), or a library classifier.
     :param kind: a registered attention kind (``"kep_svgp"``, ``"sgpa"``, ...).
     :param layers: indices into the model's attention layers, in module order; negative
         indices count from the end (``[-1]``: the last layer).
@@ -456,13 +758,21 @@ def swap_attention(model: nn.Module, kind: str, layers: Sequence[int] = (-1,),
         replaced layer.
     :param options: the unit's options; its dropouts default to the host's (attention
         probabilities; BERT's output dropout).
-    :returns: one record per swapped layer: ``path`` (of the unit), ``host``, ``kind``,
-        ``init``, ``copied`` / ``fitted`` / ``not_carried`` (with ``init="pretrained"``), and with
-        a calibration batch ``gap_mean`` and ``gap_sample``, the relative error of the attention
-        output at the posterior mean and for one draw; and ``weights``, the replaced layer's
-        :class:`~gpattn_ppl.attention.SoftmaxWeights` (``None`` when it was not read).
+    :returns: one record per swapped layer: ``path`` (of the unit), ``host`` (a key of
+        :data:`HOSTS`), ``host_class`` (the replaced module's class), ``adapter`` (the class
+        standing in for it), ``kind``, ``init``, ``dropped`` (terms of the host's attention the
+        unit does not reproduce, e.g. DeBERTa's ``["c2p", "p2c"]``), ``notes`` (e.g. ALBERT's
+        sharing), ``copied`` / ``fitted`` / ``not_carried`` (with ``init="pretrained"``;
+        ``not_carried`` includes ``dropped``), and with a calibration batch ``gap_mean`` and
+        ``gap_sample``, the relative error of the attention output at the posterior mean and
+        for one draw (against the layer's content attention where terms are dropped); and
+        ``weights``, the replaced layer's :class:`~gpattn_ppl.attention.SoftmaxWeights`
+        (``None`` when it was not read).
     :raises ValueError: an unknown kind or init, a layer index out of range, a host that is not
-        supported or not softmax attention where ``init="pretrained"`` reads it.
+        supported or refused (naming its class and the reason), or not softmax attention where
+        ``init="pretrained"`` reads it.
+    :warns UserWarning: terms of the host's attention that the unit drops (DeBERTa's
+        relative-position terms, BERT's ``relative_key`` logits before transformers 5).
     """
     if init not in ("pretrained", "random"):
         raise ValueError(f"swap_attention: init must be 'pretrained' or 'random', got {init!r}")
@@ -471,13 +781,24 @@ def swap_attention(model: nn.Module, kind: str, layers: Sequence[int] = (-1,),
     chosen = []
     for i in layers:
         if isinstance(i, bool) or not isinstance(i, int) or not -L <= i < L:
+            shared = " (ALBERT's shared layers count once)" if found[0].host == "albert" else ""
             raise ValueError(f"swap_attention: layer index {i!r} out of range for {L} attention "
-                             f"layers (allowed {-L}..{L - 1})")
+                             f"layers{shared} (allowed {-L}..{L - 1})")
         if found[i % L] not in chosen:
             chosen.append(found[i % L])
+    for layer in chosen:                 # refuse before anything is replaced
+        reason = layer.refusal()
+        if reason:
+            raise ValueError(f"swap_attention: cannot swap {layer.path} ({layer.host_class} in "
+                             f"{type(model).__name__}): {reason}")
     param = next(model.parameters())
     records, pretrained = [], {}
     for layer in chosen:
+        dropped, host_class = layer.dropped(), layer.host_class
+        if dropped:
+            warnings.warn(f"swap_attention: {layer.path} ({host_class}): the unit replaces "
+                          f"the attention without {'; '.join(dropped)}", UserWarning,
+                          stacklevel=2)
         read = init == "pretrained" or (calibration is not None and layer.swapped is None)
         weights = layer.weights() if read else None
         C, heads = layer.shape()
@@ -491,12 +812,19 @@ def swap_attention(model: nn.Module, kind: str, layers: Sequence[int] = (-1,),
         unit_path = ".".join(p for p in (layer.path, HOSTS[layer.host]["unit_path"]) if p)
         unit = build_attention(kind, C, heads, where=unit_path, **opts).to(param)
         unit.site_prefix = unit_path
-        record = {"path": unit_path, "host": layer.host, "kind": kind, "init": init}
+        record = {"path": unit_path, "host": layer.host, "host_class": host_class,
+                  "kind": kind, "init": init, "dropped": [d.split(":")[0] for d in dropped],
+                  "notes": _notes(model, layer)}
         if init == "pretrained":
             rep = init_from_softmax(unit, weights)
             record.update({k: rep[k] for k in ("copied", "fitted", "not_carried")})
+            record["not_carried"] = list(record["not_carried"]) + record["dropped"]
         unit.train(layer.module.training)
-        setattr(layer.parent, layer.attr, HOSTS[layer.host]["adapter"](unit, layer.module, layer))
+        # the adapter (a new module, in training mode) takes the mode of what it replaces
+        adapter = HOSTS[layer.host]["adapter"](unit, layer.module, layer).train(
+            layer.module.training)
+        setattr(layer.parent, layer.attr, adapter)
+        record["adapter"] = type(adapter).__name__
         record["weights"] = weights
         if weights is not None:
             pretrained[unit_path] = weights

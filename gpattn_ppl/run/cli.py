@@ -1,4 +1,5 @@
-"""Command line: ``gpattn-ppl train | evaluate | predict | plot | compare | bench | demo``.
+"""Command line: ``gpattn-ppl train | evaluate | predict | plot | explain | compare | bench |
+demo``.
 
 Every command prints strict JSON or Markdown; errors the user can fix (a bad config, a missing
 or malformed file, a refused run folder, a bad argument) print one ``gpattn-ppl <command>: error:
@@ -159,8 +160,23 @@ def _plot(args) -> int:
     from .plotting import plot_runs
 
     kw = {} if args.detectors is None else {"detectors": args.detectors}
+    kw["predictive"] = ("both" if args.both else "ts" if args.temperature_scaled else "raw")
     for path in plot_runs([Path(d) for d in args.run_dirs], Path(args.out), **kw):
         print(path)
+    return 0
+
+
+def _explain(args) -> int:
+    from .config import check_device
+    from .explain import explain_sentence
+    from .output import dumps
+
+    check_device(args.device, "explain --device")
+    result = explain_sentence(args.run_dir, args.text, out=args.out, samples=args.samples,
+                              seed=args.seed, layer=args.layer, device=args.device,
+                              temperature=not args.no_temperature)
+    print(dumps(result))
+    print(f"wrote {result['figure']}", file=sys.stderr)
     return 0
 
 
@@ -218,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``gpattn-ppl`` (every argument has help text and an example)."""
     p = _Parser(
         prog="gpattn-ppl", description="Uncertainty-aware Transformer attention (GP and "
-        "stochastic units): train, evaluate, predict, plot, compare, bench, demo.",
+        "stochastic units): train, evaluate, predict, plot, explain, compare, bench, demo.",
         epilog="example:\n  gpattn-ppl train experiments/configs/cola/softmax.yaml "
         "--set train.epochs=5\n  gpattn-ppl <command> --help   (help and an example per command)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -306,6 +322,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="OOD scores to draw histograms of (default: max_softmax entropy "
                    "mutual_info; a detector of a plugin needs --import), e.g. --detectors "
                    "max_softmax energy")
+    ts = g.add_mutually_exclusive_group()
+    ts.add_argument("--temperature-scaled", action="store_true",
+                    help="draw each run's temperature-scaled predictive (the temperature its "
+                    "evaluation fitted, eval.temperature_scaling) instead of the raw one; a run "
+                    "without one is drawn raw and labelled so")
+    ts.add_argument("--both", action="store_true",
+                    help="draw the raw and the temperature-scaled predictive side by side")
+
+    x = _sub(sub, "explain", "one sentence through a trained run: attention heat-maps of a "
+             "unit, per-token uncertainty and class probabilities (PNG; numbers as JSON)",
+             "gpattn-ppl explain runs/cola/sgpa \"The book was read by me.\" --out why.png",
+             _explain)
+    x.add_argument("run_dir", help="a run folder written by train, e.g. runs/cola/sgpa")
+    x.add_argument("text", help="the sentence to explain, e.g. \"The book was read.\"")
+    x.add_argument("--out", default=None, metavar="PNG",
+                   help="figure path (default: RUN_DIR_explain.png beside the run folder; never "
+                   "inside it), e.g. --out why.png")
+    x.add_argument("--layer", default=None, metavar="PATH",
+                   help="module path of the unit (default: the last stochastic unit, else the "
+                   "last), e.g. --layer blocks.1.attn")
+    x.add_argument("--samples", type=_positive_int, default=None, metavar="T",
+                   help="stochastic passes (default: eval.mc_samples of the run), e.g. "
+                   "--samples 20")
+    x.add_argument("--seed", type=_seed, default=0, help="seed of the passes, e.g. --seed 1")
+    x.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto, e.g. --device "
+                   "auto")
+    x.add_argument("--no-temperature", action="store_true",
+                   help="ignore the run's fitted temperature (raw probabilities)")
 
     c = _sub(sub, "compare", "train configs x seeds and write a mean ± std table (results.md, "
              "results.csv, plots)", "gpattn-ppl compare experiments/configs/cola/"

@@ -249,9 +249,10 @@ _RESERVED = {"plots", "features", COMPARE_MANIFEST, *_TABLES}
 
 
 def _is_figure(name: str) -> bool:
-    """Whether ``name`` is a file name :func:`~gpattn_ppl.run.plotting.plot_runs` writes."""
+    """Whether ``name`` is a file name :func:`~gpattn_ppl.run.plotting.plot_compare` (or
+    :func:`~gpattn_ppl.run.plotting.plot_runs`) writes."""
     return name in ("reliability.png", "risk_coverage.png") or (
-        name.startswith("ood_") and name.endswith(".png"))
+        name.startswith(("ood_", "rejection")) and name.endswith(".png"))
 
 
 @dataclass
@@ -579,13 +580,13 @@ def execute_plan(plan: ComparePlan, *, bundle_cache: bool = True) -> tuple[list[
     write_table(rows, out_dir)
     figures: list[Path] = []
     if plan.plots_dir is not None:
-        from .plotting import plot_runs
+        from .plotting import plot_compare
 
         # the methods' eval.ood_detectors when they agree (a plugin's detector drawn too)
         chosen = {tuple(plan.runs[m][0].cfg["eval"]["ood_detectors"] or ()) for m in plan.methods}
         kw = {"detectors": list(chosen.pop())} if len(chosen) == 1 and () not in chosen else {}
-        figures = plot_runs([plan.runs[m][0].run_dir for m in plan.methods],
-                            out_dir / plan.plots_dir, names=plan.methods, **kw)
+        figures = plot_compare({m: [r.run_dir for r in plan.runs[m]] for m in plan.methods},
+                               out_dir / plan.plots_dir, **kw)
         _write_manifest(plan, {p.relative_to(out_dir).as_posix() for p in figures})
     return rows, figures
 
@@ -618,8 +619,9 @@ def run_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: str
     :param force: train every run folder in ``out_dir`` that holds a run afresh (the Trainer
         removes only that run's own files), also one with a different config, and overwrite
         output files no manifest lists.
-    :param plots: also draw the plots of the first seed of every method into ``out_dir/plots``
-        (:func:`~gpattn_ppl.run.plotting.plot_runs`).
+    :param plots: also draw the seed-pooled figures of every method into ``out_dir/plots``
+        (:func:`~gpattn_ppl.run.plotting.plot_compare`: mean ± s.d. bands over seeds, small
+        multiples past 4 methods, softmax(+ TS) as the grey reference).
     :returns: the summary rows (also written as ``results.md`` / ``results.csv``).
     """
     plan = plan_compare(configs, seeds, out_dir, overrides=overrides, ensemble=ensemble,

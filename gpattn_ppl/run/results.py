@@ -188,4 +188,5 @@ def draw_run_plots(run_dir: Path, detectors: list[str] | None = None) -> list[Pa
     run_dir = Path(run_dir)
     kw = {} if detectors is None else {"detectors": list(detectors)}
     record_files(run_dir, [f"plots/{n}" for n in planned_plot_names([run_dir], **kw)])
-    return plot_runs([run_dir], run_dir / "plots", **kw)
+    # the raw predictive and, when the evaluation fitted a temperature, the tempered one beside it
+    return plot_runs([run_dir], run_dir / "plots", predictive="both", **kw)

@@ -483,4 +483,4 @@ def _pair_masked(A: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``A [B, H, N, N]`` with the rows and columns of padded tokens 0."""
     if mask is None:
         return A
-    return A * (mask[:, None, :, None] & mask[:, None, None, :]).to(A.dtype)
+    return A.masked_fill(~(mask[:, None, :, None] & mask[:, None, None, :]), 0.0)

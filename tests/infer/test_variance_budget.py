@@ -170,7 +170,10 @@ def test_mutual_info_is_second_order_in_the_logit_spread():
     """docs/derivations/uncertainty_budget.rst: MI ~ 1/2 tr(F Cov[l]) for a small spread, with
     F the softmax Fisher information at the mean logits (checked on 2,000 draws, and the
     binary example of the page: logit std 0.015 at p = (0.7, 0.3) gives ~5e-5)."""
-    from gpattn_ppl.infer.variance_budget import _mutual_info
+    from gpattn_ppl.metrics import mutual_information
+
+    def _mutual_info(logits):
+        return mutual_information(torch.softmax(logits, -1))
 
     g = torch.Generator().manual_seed(0)
     base = torch.tensor([0.4, -0.3, 1.1], dtype=torch.float64)

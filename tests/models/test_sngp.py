@@ -434,3 +434,17 @@ def test_ranks_combine_their_precisions_at_epoch_end(tmp_path):
     total = _brute_precision(res[0]["seen"] + res[1]["seen"], 1.0, 16)
     for r in range(2):
         torch.testing.assert_close(res[r]["precision"].double(), total, rtol=1e-5, atol=1e-5)
+
+
+def test_residual_linears_skip_the_attention_input_projections_of_deberta_v2():
+    """DeBERTa-v2 names its inputs query_proj / key_proj / value_proj: they are not residual
+    branches (spectral normalisation of SNGP applies to the outputs and the MLP only)."""
+    transformers = pytest.importorskip("transformers")
+    from gpattn_ppl.models.sngp import residual_linears
+
+    cfg = transformers.DebertaV2Config(vocab_size=30, hidden_size=8, num_hidden_layers=1,
+                                       num_attention_heads=2, intermediate_size=16)
+    names = residual_linears(transformers.DebertaV2Model(cfg))
+    assert names and not [n for n in names if n.rsplit(".", 1)[-1].endswith(
+        ("query_proj", "key_proj", "value_proj"))], names
+    assert any(n.endswith("attention.output.dense") for n in names), names

@@ -226,8 +226,9 @@ def test_plot_runs(tmp_path, drawn):
     kern = _run(tmp_path / "kernel" / "seed0", t=4, seed=10)
     out = tmp_path / "plots"
     paths = plotting.plot_runs([soft, kern], out)
-    names = ["reliability.png", "risk_coverage.png", "ood_ood_a_max_softmax.png",
-             "ood_ood_a_entropy.png", "ood_ood_a_mutual_info.png"]
+    names = ["reliability.png", "risk_coverage.png", "rejection.png",
+             "ood_ood_a_max_softmax.png", "ood_ood_a_entropy.png", "ood_ood_a_mutual_info.png",
+             "ood_ood_a_roc.png"]
     assert paths == [out / n for n in names]
     for p in paths:
         assert _png_size(p) == _expected_size(drawn[p.name])
@@ -249,7 +250,8 @@ def test_plot_runs(tmp_path, drawn):
     drawn.clear()
     paths = plotting.plot_runs([soft, kern], out, names=["A", "B"],
                                detectors=["energy", "kl_matching"])
-    assert [p.name for p in paths[2:]] == ["ood_ood_a_energy.png", "ood_ood_a_kl_matching.png"]
+    assert [p.name for p in paths[3:]] == ["ood_ood_a_energy.png", "ood_ood_a_kl_matching.png",
+                                           "ood_ood_a_roc.png"]
     kl = drawn["ood_ood_a_kl_matching.png"]
     templates = kl_matching_templates(preds["val"]["probs"])
     want = ood_report(preds["test"]["probs"], None, preds["ood_a"]["probs"], None,
@@ -267,7 +269,7 @@ def test_plot_runs_temperature(tmp_path, drawn):
     tempered = torch.softmax(preds["test"]["logits"].double() / tau, -1)  # per pass, then mean
     ece = expected_calibration_error(tempered, preds["test"]["labels"])
     title = drawn["reliability.png"].axes[0].get_title()
-    assert title == f"seed0 (τ = {tau:.2f}) — ECE {ece:.4f}"
+    assert title == f"seed0 + TS (τ = {tau:.2f}) — ECE {ece:.4f}"
     assert ece != expected_calibration_error(preds["test"]["probs"], preds["test"]["labels"])
     msp = drawn["ood_ood_a_max_softmax.png"].axes[0].get_legend().get_texts()[1].get_text()
     ood_t = torch.softmax(preds["ood_a"]["logits"].double() / tau, -1)
@@ -338,8 +340,11 @@ def test_does_not_touch_pyplot():
         "risk_coverage_plot",
         "ood_score_histogram",
         "metric_vs_severity_plot",
+        "rejection_curve_plot",
+        "ood_roc_plot",
         "planned_plot_names",
         "plot_runs",
+        "plot_compare",
     ]
     if "matplotlib.pyplot" in sys.modules:  # imported by someone else: no figures left open
         import matplotlib.pyplot as plt
@@ -347,3 +352,156 @@ def test_does_not_touch_pyplot():
         before = len(plt.get_fignums())
         plotting._risk_coverage_figure({"m": (torch.tensor([[0.7, 0.3]]), torch.tensor([0]))})
         assert len(plt.get_fignums()) == before
+
+
+# ---------------------------------------------------------------- rejection, ROC, TS, compare
+
+
+def test_rejection_curve_plot(results, tmp_path, drawn):
+    probs, labels = results["kep_svgp"]
+    one_pass = (probs.mean(0), labels)
+    out = plotting.rejection_curve_plot({"mc": (probs, labels), "det": one_pass},
+                                        tmp_path / "rej.png")
+    fig = drawn["rej.png"]
+    assert _png_size(out) == _expected_size(fig)
+    mc, det = fig.axes[:2]
+    legend = [t.get_text() for t in mc.get_legend().get_texts()]
+    assert [t.split(" (")[0] for t in legend] == ["by MI", "by entropy", "by MSP", "oracle",
+                                                 "random"]
+    assert "no MI" in det.get_title() and len(det.get_lines()) == 4  # entropy, MSP, 2 refs
+    # brute force: keep the k samples of lowest MI, accuracy among them
+    mi = -ood_score("mutual_info", probs)
+    correct = (probs.mean(0).argmax(-1) == labels).double()
+    rej, acc = mc.get_lines()[0].get_data()
+    n = len(labels)
+    for k in (n, 90, 30, 1):
+        keep = torch.argsort(mi, stable=True)[:k]
+        assert acc[n - k] == pytest.approx(float(correct[keep].mean()), abs=1e-12)
+        assert rej[n - k] == pytest.approx(1 - k / n)
+    with pytest.raises(ValueError, match="scores must be among"):
+        plotting.rejection_curve_plot(results, tmp_path / "x.png", scores=["energy"])
+
+
+def test_ood_roc_plot(tmp_path, drawn):
+    from gpattn_ppl.metrics import ood_auroc
+
+    g = torch.Generator().manual_seed(3)
+    s_in = torch.randn(200, generator=g, dtype=torch.float64) + 1.0
+    s_out = torch.randn(150, generator=g, dtype=torch.float64).round(decimals=1)  # ties
+    plotting.ood_roc_plot({"m": {"entropy": (s_in, s_out), "max_softmax": (s_out, s_in)}},
+                          tmp_path / "roc.png", title="t")
+    ax = drawn["roc.png"].axes[0]
+    lines = ax.get_lines()
+    assert len(lines) == 3  # two scores, then the chance diagonal
+    for line, (a, b) in zip(lines, [(s_in, s_out), (s_out, s_in)]):
+        fpr, tpr = line.get_data()
+        assert fpr[0] == 0 and fpr[-1] == 1 and np.all(np.diff(fpr) >= 0)
+        # the area under the drawn curve is the AUROC of the tables (ties count one half)
+        assert np.trapezoid(tpr, fpr) == pytest.approx(ood_auroc(a, b), abs=1e-12)
+        assert line.get_label().endswith(f"AUROC {ood_auroc(a, b):.4f}")
+    assert ood_auroc(s_in, s_out) > 0.7 > ood_auroc(s_out, s_in)
+
+
+def test_mutual_information_histogram_is_legible(tmp_path, drawn):
+    g = torch.Generator().manual_seed(0)
+    s_in = -1e-4 * torch.rand(300, generator=g, dtype=torch.float64)  # MI ~1e-4 nats
+    s_out = -4e-4 * torch.rand(100, generator=g, dtype=torch.float64)
+    plotting.ood_score_histogram(s_in, {"o": s_out}, tmp_path / "mi.png",
+                                 score_name="mutual_info")
+    ax = drawn["mi.png"].axes[0]
+    assert r"in units of $10^{-4}$" in ax.get_xlabel()
+    lo, hi = ax.get_xlim()
+    assert -10 < lo < -1 and -1 < hi <= 1  # drawn in units of 1e-4: short tick labels
+    assert len([t for t in ax.get_xticks() if lo <= t <= hi]) <= 6
+
+
+def test_plot_runs_temperature_scaled(tmp_path, drawn, monkeypatch):
+    a = _run(tmp_path / "a", t=3, seed=1)
+    b = _run(tmp_path / "b", t=3, seed=2)
+    monkeypatch.setattr(plotting, "_fitted_temperature", lambda d: 1.7 if d.name == "a" else None)
+    test = torch.load(a / "predictions.pt")["test"]
+    ece = expected_calibration_error(test["probs"], test["labels"])
+    ece_ts = expected_calibration_error(torch.softmax(test["logits"].double() / 1.7, -1),
+                                        test["labels"])
+    plotting.plot_runs([a, b], tmp_path / "both", predictive="both")
+    fig = drawn["reliability.png"]
+    test_b = torch.load(b / "predictions.pt")["test"]
+    ece_b = expected_calibration_error(test_b["probs"], test_b["labels"])
+    assert [ax.get_title() for ax in fig.axes[::2]] == [
+        f"a (raw) — ECE {ece:.4f}", f"a + TS (τ = 1.70) — ECE {ece_ts:.4f}",
+        f"b (raw, no TS fitted) — ECE {ece_b:.4f}"]
+    assert "raw predictive and temperature-scaled" in fig.get_suptitle()
+    plotting.plot_runs([a, b], tmp_path / "ts", predictive="ts")
+    fig = drawn["reliability.png"]
+    titles = [ax.get_title() for ax in fig.axes[::2]]
+    assert titles[0] == f"a + TS (τ = 1.70) — ECE {ece_ts:.4f}"
+    assert titles[1].startswith("b (raw, no TS fitted) — ECE")
+    plotting.plot_runs([a], tmp_path / "raw")
+    assert drawn["reliability.png"].get_suptitle().endswith("— raw predictive")
+    with pytest.raises(ValueError, match="predictive must be one of"):
+        plotting.plot_runs([a], tmp_path / "x", predictive="scaled")
+
+
+def _seed_runs(root, methods, seeds=2, t=3):
+    return {m: [_run(root / m / f"seed{s}", t=1 if m == "softmax" else t, seed=10 * i + s)
+                for s in range(seeds)] for i, m in enumerate(methods)}
+
+
+def test_plot_compare_overlay(tmp_path, drawn, monkeypatch):
+    runs = _seed_runs(tmp_path, ["softmax", "sgpa", "kep_svgp"])
+    monkeypatch.setattr(plotting, "_fitted_temperature",
+                        lambda d: 1.5 if d.parent.name == "softmax" else None)
+    paths = plotting.plot_compare(runs, tmp_path / "plots")
+    assert [p.name for p in paths] == [
+        "reliability.png", "risk_coverage.png", "rejection_mutual_info.png",
+        "rejection_entropy.png", "ood_ood_a_max_softmax_roc.png", "ood_ood_a_max_softmax.png",
+        "ood_ood_a_entropy_roc.png", "ood_ood_a_entropy.png", "ood_ood_a_mutual_info_roc.png",
+        "ood_ood_a_mutual_info.png"]
+    for p in paths:
+        assert _png_size(p) == _expected_size(drawn[p.name])
+    rc = drawn["risk_coverage.png"]
+    assert len(rc.axes) == 1 and "over 2 seeds" in rc.get_suptitle()
+    ax = rc.axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[0] == "softmax + TS (reference)"
+    assert [t.split(" — ")[0] for t in legend[1:]] == ["softmax", "sgpa", "kep_svgp"]
+    sgpa = [torch.load(d / "predictions.pt")["test"] for d in runs["sgpa"]]
+    aurcs = [aurc(p["probs"], p["labels"]) for p in sgpa]
+    assert legend[2] == (f"sgpa — AURC {np.mean(aurcs):.4f} ± "
+                         f"{np.std(aurcs, ddof=1):.4f}")
+    # the drawn mean ends at the mean error rate; a band (one per method and the reference)
+    line = next(x for x in ax.get_lines() if x.get_label().startswith("sgpa"))
+    err = [1 - float((p["probs"].mean(0).argmax(-1) == p["labels"]).double().mean())
+           for p in sgpa]
+    assert line.get_ydata()[-1] == pytest.approx(np.mean(err), abs=1e-12)
+    assert len(ax.collections) == 4
+    # MI: softmax (T = 1) is left out and named; its reference falls back to entropy
+    mi = drawn["rejection_mutual_info.png"]
+    assert "no MI: softmax" in mi.get_suptitle()
+    texts = [t.get_text() for t in mi.axes[0].get_legend().get_texts()]
+    assert texts[0] == "softmax + TS, by entropy (reference)"
+    assert [t.split(" — ")[0] for t in texts[1:]] == ["sgpa", "kep_svgp"]
+    roc = drawn["ood_ood_a_entropy_roc.png"].axes[0]
+    assert "AUROC" in roc.get_legend().get_texts()[-1].get_text()
+
+
+def test_plot_compare_small_multiples(tmp_path, drawn):
+    methods = ["softmax", "a", "b", "c", "d"]
+    plotting.plot_compare(_seed_runs(tmp_path, methods, seeds=3), tmp_path / "plots",
+                          detectors=["entropy"])
+    fig = drawn["reliability.png"]
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == methods
+    for ax in panels:
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        # the diagonal once, the grey reference, the method (with its ECE over 3 seeds)
+        assert labels[:2] == ["perfect calibration", "softmax (reference)"]
+        assert len(labels) == 3 and " ± " in labels[2]
+        assert len(ax.collections) == 2  # the reference's band and the method's
+    assert "over 3 seeds" in fig.get_suptitle()
+    rc = drawn["risk_coverage.png"]
+    assert len([ax for ax in rc.axes if ax.get_visible()]) == 5
+    assert [t.get_text() for t in rc.legends[0].get_texts()] == [
+        "oracle ranking", "random ranking (error rate)"]
+    with pytest.raises(ValueError, match="non-empty dict"):
+        plotting.plot_compare({"a": []}, tmp_path / "x")
