@@ -26,6 +26,7 @@ from .cifar import (
 from .clinc150 import (
     CLINC150_FILES,
     CLINC150_NEAR_OOD_DOMAINS,
+    bundled_clinc150_slice_root,
     clinc150_held_out_domains,
     read_clinc150,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "VISION_OOD",
     "WordTokenizer",
     "augment",
+    "bundled_clinc150_slice_root",
     "bundled_cola_root",
     "check_labels",
     "clinc150_held_out_domains",

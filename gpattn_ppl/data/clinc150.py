@@ -34,6 +34,16 @@ intent there); they are kept as published.
 Published reference points on the standard protocol (BERT-base fine-tuned, the
 uncertainty-baselines ``clinc_intent`` README): deterministic BERT OOD AUROC 0.942, ECE 0.0218;
 BERT-SNGP OOD AUROC 0.969, ECE 0.0104.
+
+The ``clinc150_slice`` dataset is a small, deterministic slice **shipped with the package**
+(:func:`bundled_clinc150_slice_root`, with its ``SOURCE.md`` and ``LICENSE``), for tutorials,
+tests and smoke runs without the full release: 10 intents (the first two in sorted order of
+each of the first five domains in sorted order), all their 1,000 / 200 / 300 train / val / test
+queries, and the first 200 ``oos_test`` queries (plus the first 50 ``oos_train`` and ``oos_val``
+rows, unused). It is read by :func:`read_clinc150` and built as ``clinc150`` is, with the same
+protocols and OOD set names: ``standard`` (10 classes; ``oos``: 200) and ``near_ood`` (2 of its
+5 domains held out by ``split_seed``: 6 classes, 600 / 120 / 180; ``held_out_domains``: 120,
+``oos``: 200). It takes no ``root``. Its numbers are not comparable to the benchmark's.
 """
 
 from __future__ import annotations
@@ -51,8 +61,8 @@ from ._files import decode_utf8, read_bytes
 from .registry import RawData, register_dataset
 from .splits import seeded_permutation
 
-__all__ = ["CLINC150_FILES", "CLINC150_NEAR_OOD_DOMAINS", "clinc150_held_out_domains",
-           "read_clinc150"]
+__all__ = ["CLINC150_FILES", "CLINC150_NEAR_OOD_DOMAINS", "bundled_clinc150_slice_root",
+           "clinc150_held_out_domains", "read_clinc150"]
 
 #: role -> file name of the oos-eval release (``data/``) read from ``root``.
 CLINC150_FILES = {"data": "data_full.json", "domains": "domains.json"}
@@ -63,6 +73,18 @@ CLINC150_NEAR_OOD_DOMAINS = 2
 #: the keys of ``data_full.json`` the dataset reads (``oos_train`` / ``oos_val`` are ignored).
 _SPLITS = ("train", "val", "test", "oos_test")
 _OOS = "oos"
+_LICENCE = "CC BY 3.0 (Larson et al. 2019, github.com/clinc/oos-eval)"
+
+
+def bundled_clinc150_slice_root() -> Path:
+    """The folder of the CLINC150 slice shipped inside the package (``data_full.json``,
+    ``domains.json``, ``SOURCE.md``, ``LICENSE``); read it with :func:`read_clinc150`.
+
+    >>> files = read_clinc150(bundled_clinc150_slice_root())
+    >>> len(files["train"][0]), len(files["test"][0]), len(files["oos_test"][0])
+    (1000, 300, 200)
+    """
+    return Path(__file__).resolve().parent / "clinc150_slice"
 
 
 def _skip_ws(text: str, pos: int) -> int:
@@ -292,11 +314,28 @@ def _build_clinc150(*, protocol: str, root, split_seed: int, cache_dir) -> RawDa
     if root is None:
         raise ValueError("clinc150 needs root=PATH (data.root): the folder with data_full.json "
                          "and domains.json of github.com/clinc/oos-eval (not shipped with the "
-                         "package; nothing is downloaded)")
+                         "package; nothing is downloaded; the bundled 10-intent slice is the "
+                         "dataset clinc150_slice)")
+    return _build(Path(root).expanduser(), protocol, split_seed, {"licence": _LICENCE})
+
+
+@register_dataset("clinc150_slice", protocols=("standard", "near_ood"), modality="text",
+                  select_metric="acc")
+def _build_clinc150_slice(*, protocol: str, root, split_seed: int, cache_dir) -> RawData:
+    if root is not None:
+        raise ValueError(f"clinc150_slice reads the slice shipped with the package and takes no "
+                         f"root (data.root), got {root!r}; for the full release in a folder use "
+                         "the dataset clinc150 with data.root")
+    return _build(bundled_clinc150_slice_root(), protocol, split_seed,
+                  {"licence": _LICENCE + "; a 10-intent slice, see its SOURCE.md"})
+
+
+def _build(root: Path, protocol: str, split_seed: int, info: dict) -> RawData:
+    """``clinc150`` / ``clinc150_slice`` from the release's files in ``root`` (module
+    docstring: the protocols)."""
     files = read_clinc150(root, domains=protocol == "near_ood")
     classes = sorted(set(files["train"][1]))
-    info = {"source": str(Path(root).expanduser()),
-            "licence": "CC BY 3.0 (Larson et al. 2019, github.com/clinc/oos-eval)"}
+    info = {"source": str(root), **info}
     oos_texts = files["oos_test"][0]
     if protocol == "standard":
         held: list[str] = []

@@ -145,37 +145,42 @@ def load_data(name: str, *, protocol: str | None = None, root: str | None = None
               limit_eval: int | None = None, **kw) -> DataBundle:
     """Load a registered dataset, split by ``protocol``, encoded for a model.
 
-    ================  =======================  ==================================================
-    name              protocols (first =       splits (train / val / test; OOD)
-                      default)
-    ================  =======================  ==================================================
-    ``cola``          ``official``             in_domain_train less a seeded 10% / that 10% /
-                                               in_domain_dev (527); ``cola_ood`` (516)
-    ``cola``          ``712``, ``sto``         seeded 6354 / 908 / 1816 of the 9078 in-domain
-                                               sentences; ``cola_ood`` (516)
-    ``imdb``          ``official``             22,500 / 2,500 / 25,000; ``cr`` (CR.test, 500)
-    ``imdb``          ``kep``                  35,000 / 5,000 / 10,000 of the merged 50k
-    ``cifar10``       ``official``             45,000 / 5,000 / 10,000; ``digits``,
-                                               ``photo_patches``, ``gaussian_noise``,
-                                               ``uniform_noise`` (no download:
-                                               :mod:`~gpattn_ppl.data.vision_ood`)
-    ``clinc150``      ``standard``             15,000 / 3,000 / 4,500 in-scope; ``oos`` (1,000)
-    ``clinc150``      ``near_ood``             12,000 / 2,400 / 3,600 (2 of 10 domains held out,
-                                               by ``split_seed``); ``held_out_domains`` (900),
-                                               ``oos`` (1,000)
-    ``csv``           ``given``                ``train_file`` / ``val_file`` / ``test_file``
-                                               (a missing one: a seeded stratified 10% of
-                                               ``train_file``); ``ood_files``
-    ``jsonl``         ``given``                as ``csv``, one JSON object per line
-    ``image_folder``  ``given``                ``train_dir`` / ``val_dir`` / ``test_dir`` (a
-                                               missing one: a seeded stratified 10% of
-                                               ``train_dir``); ``ood_dirs``
-    ================  =======================  ==================================================
+    ==================  =======================  ==================================================
+    name                protocols (first =       splits (train / val / test; OOD)
+                        default)
+    ==================  =======================  ==================================================
+    ``cola``            ``official``             in_domain_train less a seeded 10% / that 10% /
+                                                 in_domain_dev (527); ``cola_ood`` (516)
+    ``cola``            ``712``, ``sto``         seeded 6354 / 908 / 1816 of the 9078 in-domain
+                                                 sentences; ``cola_ood`` (516)
+    ``imdb``            ``official``             22,500 / 2,500 / 25,000; ``cr`` (CR.test, 500)
+    ``imdb``            ``kep``                  35,000 / 5,000 / 10,000 of the merged 50k
+    ``cifar10``         ``official``             45,000 / 5,000 / 10,000; ``digits``,
+                                                 ``photo_patches``, ``gaussian_noise``,
+                                                 ``uniform_noise`` (no download:
+                                                 :mod:`~gpattn_ppl.data.vision_ood`)
+    ``clinc150``        ``standard``             15,000 / 3,000 / 4,500 in-scope; ``oos`` (1,000)
+    ``clinc150``        ``near_ood``             12,000 / 2,400 / 3,600 (2 of 10 domains held out,
+                                                 by ``split_seed``); ``held_out_domains`` (900),
+                                                 ``oos`` (1,000)
+    ``clinc150_slice``  ``standard``             1,000 / 200 / 300 (10 intents, shipped with the
+                                                 package); ``oos`` (200)
+    ``clinc150_slice``  ``near_ood``             600 / 120 / 180 (2 of 5 domains held out);
+                                                 ``held_out_domains`` (120), ``oos`` (200)
+    ``csv``             ``given``                ``train_file`` / ``val_file`` / ``test_file``
+                                                 (a missing one: a seeded stratified 10% of
+                                                 ``train_file``); ``ood_files``
+    ``jsonl``           ``given``                as ``csv``, one JSON object per line
+    ``image_folder``    ``given``                ``train_dir`` / ``val_dir`` / ``test_dir`` (a
+                                                 missing one: a seeded stratified 10% of
+                                                 ``train_dir``); ``ood_dirs``
+    ==================  =======================  ==================================================
 
     :param name: a key of :data:`DATASETS`.
     :param protocol: split protocol (see the table).
-    :param root: folder with the files; ``None`` = the bundled copy (CoLA only). For ``csv``,
-        ``jsonl`` and ``image_folder``, relative file and folder options are taken under it.
+    :param root: folder with the files; ``None`` = the bundled copy (CoLA; ``clinc150_slice``
+        takes none). For ``csv``, ``jsonl`` and ``image_folder``, relative file and folder
+        options are taken under it.
     :param encoder: text only: ``"learned"`` (word ids, vocabulary from the train split;
         options ``min_freq``, ``max_vocab``) or ``"minilm"`` (frozen 384-d per-token features;
         options ``batch_size``, ``device``; needs the ``text`` extra) or ``"hf"`` (word-piece ids
