@@ -15,6 +15,9 @@ def _evidence():
     return evidence
 
 
+# one epoch on a tiny slice: KEP-SVGP's KSVD term still outweighs the cross-entropy (warned once
+# per run by the trainer, as it should; not what this test is about)
+@pytest.mark.filterwarnings("ignore::gpattn_ppl.errors.NumericsWarning")
 def test_evidence_table_rows_and_reuse(tmp_path, capsys):
     evidence = _evidence()
     args = ["cola", "--out", str(tmp_path), "--seeds", "0", "--ensemble", "2",

@@ -136,7 +136,7 @@ def test_run_memory_sees_a_peak_inside_the_run():
         x.add_(1.0)
         import time
 
-        time.sleep(0.1)
+        time.sleep(0.5)  # several sampling intervals, also on a loaded machine
         del x
     assert memory.summary()["increase_mb"] > 50
 
