@@ -9,6 +9,8 @@ from gpattn_ppl.data import ArrayDataset
 from gpattn_ppl.infer import PyroProgram, predict, q_at_prior, stochastic_units, variance_budget
 from gpattn_ppl.metrics import classification_report
 from gpattn_ppl.models import build_model
+from tests.infer.test_predict import _data as _predict_data
+from tests.infer.test_predict import _net
 
 UNITS = {
     "softmax": {"kind": "softmax"},
@@ -20,19 +22,8 @@ UNITS = {
 }
 
 
-def _net(spec):
-    torch.manual_seed(0)
-    return build_model({"arch": "text", "dim": 8, "heads": 2, "depth": 2, "mlp_dim": 16,
-                        "dropout": 0.0, "attention": {"kind": "softmax"},
-                        "overrides": [{"blocks": [-1], "attention": spec}]},
-                       num_classes=3, vocab_size=30).to(torch.float64)
-
-
 def _data(n=12, N=7):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(1, 30, (n, N), generator=g)
-    lengths = torch.randint(2, N + 1, (n,), generator=g)
-    return ArrayDataset(x, torch.randint(0, 3, (n,), generator=g), lengths)
+    return _predict_data(n, N)
 
 
 def _kl(unit, x, mask):
