@@ -154,52 +154,65 @@ def variance_budget(program: PyroProgram, dataset, *, num_samples: int = 16,
             lambda module, args: features.append(args[0])))
     net.eval()
     try:
-        rng.__enter__()
-        torch.manual_seed(seed)
-        # one posterior-mean pass: each unit's inputs for the closed forms
-        with posterior_mean(True):
-            program_pass(program, b.x, b.mask)
-        inputs = {p: captured[p][0][:2] for p in units}
-        for p in units:
-            captured[p].clear()
-            blocks[p].clear()
-        features.clear()
-        T = num_samples if net.stochastic else 1
-        logits = torch.stack([program_pass(program, b.x, b.mask) for _ in range(T)])
-        report: dict = {"units": {}, "num_samples": T, "examples": n}
-        for path, unit in units.items():
-            x, mask = inputs[path]
-            row: dict = {"kind": type(unit).__name__}
-            outs = torch.stack([c[2] for c in captured[path]])          # [T, B, N, C]
-            if mask is not None:
-                outs = outs * mask[None, :, :, None].to(outs.dtype)
-            row["output_rel_var"] = _rel_spread(outs)
-            if blocks[path]:
-                held = torch.stack(blocks[path])
-                if mask is not None and held.dim() == 4 and held.shape[2] == mask.shape[1]:
-                    held = held * mask[None, :, :, None].to(held.dtype)
-                row["block_rel_var"] = _rel_spread(held)
-            try:
-                pred = unit.predictive(x, mask)
-            except NotImplementedError:
-                pred = None
-            if pred is not None:
-                var = _masked_sum(pred.variance, mask)
-                row["head_snr"] = float(var / _masked_sum(pred.mean.square(), mask)
-                                        .clamp_min(1e-300))
-                prior = q_at_prior(unit)
-                if prior is not None:
-                    pv = _masked_sum(prior.predictive(x, mask).variance, mask)
-                    row["head_var_ratio"] = float(var / pv.clamp_min(1e-300))
-            report["units"][path] = row
-        feats = torch.stack(features) if features else None
-        report["features_rel_var"] = 0.0 if feats is None or T < 2 else _rel_spread(feats)
-        report["logit_std"] = (float(logits.double().std(0).mean()) if T > 1 else 0.0)
-        report["mutual_info"] = (float(mutual_information(torch.softmax(logits.double(), -1)).mean())
-                                 if T > 1 else 0.0)
-        return report
+        with rng:
+            torch.manual_seed(seed)
+            return _measure(program, b, units, captured, blocks, features, num_samples, n)
     finally:
         for h in handles:
             h.remove()
         net.train(was_training)
-        rng.__exit__(None, None, None)
+
+
+def _per_pass(draws: list[torch.Tensor], T: int) -> torch.Tensor:
+    """``[T, k, ...]`` from the ``T * k`` outputs of a module called ``k`` times per pass (a
+    shared layer, e.g. ALBERT's), in call order."""
+    stacked = torch.stack(draws)
+    return stacked.reshape(T, len(draws) // T, *stacked.shape[1:])
+
+
+def _measure(program, b, units, captured, blocks, features, num_samples: int, n: int) -> dict:
+    """The budget's passes and numbers (:func:`variance_budget`, hooks in place)."""
+    net = program.net
+    # one posterior-mean pass: each unit's inputs for the closed forms (its first call)
+    with posterior_mean(True):
+        program_pass(program, b.x, b.mask)
+    inputs = {p: captured[p][0][:2] for p in units}
+    for p in units:
+        captured[p].clear()
+        blocks[p].clear()
+    features.clear()
+    T = num_samples if net.stochastic else 1
+    logits = torch.stack([program_pass(program, b.x, b.mask) for _ in range(T)])
+    report: dict = {"units": {}, "num_samples": T, "examples": n}
+    for path, unit in units.items():
+        x, mask = inputs[path]
+        row: dict = {"kind": type(unit).__name__}
+        real = None if mask is None else mask[None, None, :, :, None]
+        outs = _per_pass([c[2] for c in captured[path]], T)          # [T, k, B, N, C]
+        if real is not None:
+            outs = outs * real.to(outs.dtype)
+        row["output_rel_var"] = _rel_spread(outs)
+        if blocks[path]:
+            held = _per_pass(blocks[path], T)
+            if real is not None and held.shape[2:4] == mask.shape:
+                held = held * real.to(held.dtype)
+            row["block_rel_var"] = _rel_spread(held)
+        try:
+            pred = unit.predictive(x, mask)
+        except NotImplementedError:
+            pred = None
+        if pred is not None:
+            var = _masked_sum(pred.variance, mask)
+            row["head_snr"] = float(var / _masked_sum(pred.mean.square(), mask)
+                                    .clamp_min(1e-300))
+            prior = q_at_prior(unit)
+            if prior is not None:
+                pv = _masked_sum(prior.predictive(x, mask).variance, mask)
+                row["head_var_ratio"] = float(var / pv.clamp_min(1e-300))
+        report["units"][path] = row
+    report["features_rel_var"] = (_rel_spread(torch.stack(features))
+                                  if features and T > 1 else 0.0)
+    report["logit_std"] = float(logits.double().std(0).mean()) if T > 1 else 0.0
+    report["mutual_info"] = (float(mutual_information(torch.softmax(logits.double(), -1)).mean())
+                             if T > 1 else 0.0)
+    return report

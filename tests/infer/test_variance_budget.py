@@ -179,3 +179,46 @@ def test_mutual_info_is_second_order_in_the_logit_spread():
     l0 = torch.log(torch.tensor([0.7, 0.3], dtype=torch.float64))
     d = 0.015 * torch.randn(4000, 1, 2, generator=g, dtype=torch.float64)
     assert float(_mutual_info(l0 + d - d.mean(0))[0]) == pytest.approx(4.7e-5, rel=0.1)
+
+
+def test_a_unit_called_twice_per_pass_is_measured_per_call():
+    """A shared layer (ALBERT's: one module at every depth) is called k times per pass: its
+    spread is taken per call over the passes, not across calls."""
+    from gpattn_ppl.attention import build_attention
+    from gpattn_ppl.infer import program_pass
+    from gpattn_ppl.models import AttentionHost
+    from gpattn_ppl.settings import posterior_mean
+
+    class Shared(AttentionHost):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(30, 8)
+            self.attn = build_attention("kep_svgp", dim=8, heads=2, rank=3)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, x, mask=None):
+            h = self.embed(x)
+            h = h + self.attn(h, mask)
+            h = h + self.attn(h, mask)
+            return self.head(h.mean(1))
+
+    torch.manual_seed(0)
+    net, ds = Shared().double(), _data()
+    program = PyroProgram(net, num_data=len(ds))
+    b = variance_budget(program, ds, num_samples=5, limit=8, seed=2)
+    outs = []
+    h = net.attn.register_forward_hook(lambda m, a, o: outs.append(o))
+    batch = ds.batch(torch.arange(8))
+    torch.manual_seed(2)
+    net.eval()
+    with torch.no_grad():
+        with posterior_mean(True):
+            program_pass(program, batch.x, batch.mask)
+        outs.clear()
+        for _ in range(5):
+            program_pass(program, batch.x, batch.mask)
+    h.remove()
+    d = torch.stack(outs).reshape(5, 2, 8, 7, 8).double() * batch.mask[None, None, :, :, None]
+    spread = (d - d.mean(0)).square().sum((1, 2, 3, 4)).mean() / d.mean(0).square().sum()
+    assert b["units"]["attn"]["output_rel_var"] == pytest.approx(float(spread), rel=1e-9)
+    assert "block_rel_var" not in b["units"]["attn"]      # held by the network itself
