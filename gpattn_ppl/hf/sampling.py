@@ -16,7 +16,7 @@ import torch
 from .. import settings
 from ..metrics import classification_report
 from ..models.host import PrefixCache
-from ..models.swap import attention_units, find_attention_layers
+from ..models.swap import attention_units, swapped_prefix
 
 __all__ = ["EVAL_METRICS", "is_stochastic", "mc_logits", "prefix_targets",
            "uncertainty_metrics"]
@@ -33,19 +33,8 @@ def is_stochastic(model: torch.nn.Module) -> bool:
 
 def prefix_targets(model: torch.nn.Module) -> list[tuple[object, str]]:
     """The deterministic prefix of a swapped encoder, for
-    :class:`~gpattn_ppl.models.host.PrefixCache`: its embeddings and the layers (the modules
-    holding each attention layer) before the first stochastic unit; empty when the model has
-    no ``embeddings``."""
-    base = getattr(model, "base_model", model)
-    emb = getattr(base, "embeddings", None)
-    if not isinstance(emb, torch.nn.Module):
-        return []
-    targets: list[tuple[object, str]] = [(emb, "forward")]
-    for layer in find_attention_layers(model):
-        if any(u.stochastic for u in attention_units(layer.module).values()):
-            break
-        targets.append((layer.parent, "forward"))
-    return targets
+    :class:`~gpattn_ppl.models.host.PrefixCache` (:func:`~gpattn_ppl.models.swap.swapped_prefix`)."""
+    return swapped_prefix(model)
 
 
 @torch.no_grad()

@@ -49,6 +49,7 @@ from .swap import (
     gap_to_softmax,
     key_mask,
     swap_attention,
+    swapped_prefix,
 )
 from .text import TextClassifier
 from .vit import ViTClassifier
@@ -65,4 +66,4 @@ __all__ = ["AttentionHost", "AttentionLayer", "BertAttentionAdapter", "ConfigErr
            "find_attention_layers", "gap_to_softmax", "key_mask", "load_hf_encoder", "load_yaml",
            "mean_field_logits", "read_yaml_mapping", "residual_linears",
            "resolve_block_attention", "sngp_heads", "sngp_options", "spectral_normalize",
-           "swap_attention", "validate_model_spec"]
+           "swap_attention", "swapped_prefix", "validate_model_spec"]

@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..attention import AttentionUnit, MCDropout
+from ..attention import MCDropout
 from ..data.pretrained import resolve_checkpoint
 from .classifier import SNGPHostMixin
 from .host import AttentionHost
 from .sngp import residual_linears
-from .swap import attention_units, calibrate_swapped, find_attention_layers, swap_attention
+from .swap import calibrate_swapped, swap_attention, swapped_prefix
 
 __all__ = ["FREEZE", "POOLING", "HFClassifier", "load_hf_encoder"]
 
@@ -159,18 +159,9 @@ class HFClassifier(SNGPHostMixin, AttentionHost):
         return new, backbone
 
     def prefix_targets(self) -> list[tuple[object, str]]:
-        """The embeddings and the encoder layers before the first stochastic swapped unit (see
-        :class:`~gpattn_ppl.models.host.PrefixCache`)."""
-        emb = getattr(self.encoder, "embeddings", None)
-        if emb is None:
-            return []
-        targets: list[tuple[object, str]] = [(emb, "forward")]
-        for layer in find_attention_layers(self.encoder):
-            if any(u.stochastic for u in attention_units(layer.module).values()) or \
-                    (isinstance(layer.module, AttentionUnit) and layer.module.stochastic):
-                break
-            targets.append((layer.parent, "forward"))
-        return targets
+        """The embeddings and the encoder layers before the first stochastic swapped unit
+        (:func:`~gpattn_ppl.models.swap.swapped_prefix`)."""
+        return swapped_prefix(self.encoder)
 
     # -- calibration ----------------------------------------------------------------------------
     def calibrate(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> list[dict]:

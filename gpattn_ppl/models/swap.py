@@ -69,7 +69,8 @@ from ..attention import (
 __all__ = ["AttentionLayer", "BertAttentionAdapter", "HostAttentionAdapter",
            "SelfAttentionAdapter", "HOSTS",
            "MultiheadAttentionAdapter", "attention_units", "calibrate_swapped",
-           "find_attention_layers", "gap_to_softmax", "key_mask", "swap_attention"]
+           "find_attention_layers", "gap_to_softmax", "key_mask", "swap_attention",
+           "swapped_prefix"]
 
 
 # -- masks --------------------------------------------------------------------------------------
@@ -633,6 +634,22 @@ def find_attention_layers(model: nn.Module) -> list[AttentionLayer]:
 def attention_units(model: nn.Module) -> dict[str, AttentionUnit]:
     """Module path -> every :class:`~gpattn_ppl.attention.AttentionUnit` in ``model``."""
     return {n: m for n, m in model.named_modules() if isinstance(m, AttentionUnit)}
+
+
+def swapped_prefix(model: nn.Module) -> list[tuple[object, str]]:
+    """The deterministic prefix of a (swapped) Hugging Face encoder, as
+    :class:`~gpattn_ppl.models.host.PrefixCache` targets: its embeddings and the modules
+    holding each attention layer before the first stochastic unit; empty when the model (or
+    its ``base_model``) has no ``embeddings``."""
+    emb = getattr(getattr(model, "base_model", model), "embeddings", None)
+    if not isinstance(emb, nn.Module):
+        return []
+    targets: list[tuple[object, str]] = [(emb, "forward")]
+    for layer in find_attention_layers(model):
+        if any(u.stochastic for u in attention_units(layer.module).values()):
+            break
+        targets.append((layer.parent, "forward"))
+    return targets
 
 
 # -- calibration --------------------------------------------------------------------------------

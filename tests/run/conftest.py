@@ -15,3 +15,19 @@ def tiny_config():
     import copy
 
     return copy.deepcopy(TINY)
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """``{file name: Figure}`` of every figure saved while the test runs."""
+    figures = {}
+    from gpattn_ppl.run import plotting
+
+    save = plotting._save
+
+    def spy(fig, path):
+        figures[path.name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(plotting, "_save", spy)
+    return figures

@@ -9,7 +9,6 @@ import torch
 
 from gpattn_ppl import load_run
 from gpattn_ppl.data.tokenizer import WordTokenizer
-from gpattn_ppl.run import plotting
 from gpattn_ppl.run.cli import main
 from gpattn_ppl.run.experiment import Trainer
 from gpattn_ppl.run.explain import explain_sentence as explain
@@ -30,19 +29,6 @@ def trained(tmp_path_factory):
     run = tmp_path_factory.mktemp("explain") / "run"
     Trainer(cfg, run).fit()
     return run
-
-
-@pytest.fixture
-def drawn(monkeypatch):
-    figures = {}
-    save = plotting._save
-
-    def spy(fig, path):
-        figures[path.name] = fig
-        return save(fig, path)
-
-    monkeypatch.setattr(plotting, "_save", spy)
-    return figures
 
 
 def test_explain_numbers_and_figure(trained, tmp_path, drawn):

@@ -51,20 +51,6 @@ def _split(t: int, n: int, k: int, seed: int, scale: float = 3.0) -> dict:
     return {"probs": torch.softmax(logits.double(), -1), "logits": logits, "labels": labels}
 
 
-@pytest.fixture
-def drawn(monkeypatch):
-    """``{file name: Figure}`` of every figure saved while the test runs."""
-    figures = {}
-    save = plotting._save
-
-    def spy(fig, path):
-        figures[path.name] = fig
-        return save(fig, path)
-
-    monkeypatch.setattr(plotting, "_save", spy)
-    return figures
-
-
 def _run(path, t: int, k: int = 3, seed: int = 0, ood=("ood_a",)):
     path.mkdir(parents=True)
     preds = {"test": _split(t, 90, k, seed), "val": _split(t, 60, k, seed + 1)}
