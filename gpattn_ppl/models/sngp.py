@@ -43,6 +43,16 @@ SNGP_DEFAULTS: dict = {
     "length_scale": 1.0,           # ell of the RBF kernel exp(-|x - y|^2 / (2 ell^2))
     "spectral_norm": True,         # bound the residual layers' spectral norms
     "norm_bound": 0.95,            # c
+    # BERT-SNGP's pretrained-encoder recipe (Liu et al.'s CLINC code: use_spec_norm_plr,
+    # gp_input_normalization): a spectrally normalised dense + tanh "pooler" before the GP
+    # layer, and a LayerNorm on the GP layer's input
+    "pooler": False,
+    "input_norm": False,
+    # phi = sqrt(2/D_L) cos(.) (the kernel's normalisation) or cos(.) (the reference code's
+    # scale_random_features=False, which it recommends for an output layer: under Adam the
+    # factor sqrt(2/D_L) slows the logits' growth by that factor; the prior variance of the
+    # logits grows by D_L/2)
+    "scale_features": True,
     "momentum": None,              # None: exact sum, reset at each epoch start; m: moving average
 }
 
@@ -172,6 +182,10 @@ class RandomFeatureGP(nn.Module):
     r"""The SNGP output layer: a GP with an RBF kernel on the hidden representation, approximated
     by :math:`D_L` random Fourier features, with a Laplace posterior over the output weights.
 
+    * optional input transforms, in this order: ``pooler`` (a :class:`SpectralNormLinear`
+      :math:`C\to C` with bound ``norm_bound``, then tanh: BERT-SNGP's spectrally normalised
+      pooler) and ``input_norm`` (``nn.LayerNorm(C)``: the reference code's input normalisation,
+      which makes :math:`\ell` comparable across backbones);
     * features (buffers ``rff_weight`` :math:`W\sim\mathcal N(0, 1)`, ``rff_bias``
       :math:`b\sim\mathcal U(0, 2\pi)`, fixed): :math:`\phi(h) = \sqrt{2/D_L}\cos(Wh/\ell + b)`,
       so :math:`\phi(x)^\top\phi(y)\approx\exp(-\lVert x-y\rVert^2/(2\ell^2))`;
@@ -192,11 +206,17 @@ class RandomFeatureGP(nn.Module):
     :param momentum: ``None`` (exact sum over an epoch; call :meth:`reset_precision` at each
         epoch start, as the trainer does through the classifier's ``on_train_epoch_start``) or
         m in [0, 1).
+    :param pooler: add the spectrally normalised dense + tanh layer (bound ``norm_bound``).
+    :param input_norm: add the LayerNorm on the GP layer's input.
+    :param scale_features: :math:`\phi = \sqrt{2/D_L}\cos(\cdot)` (``True``) or
+        :math:`\cos(\cdot)`: the kernel approximated becomes :math:`(D_L/2)\,k`.
     """
 
     def __init__(self, in_features: int, num_classes: int, *, num_features: int = 1024,
                  ridge: float = 1.0, mean_field_factor: float = math.pi / 8,
-                 length_scale: float = 1.0, momentum: float | None = None) -> None:
+                 length_scale: float = 1.0, momentum: float | None = None,
+                 pooler: bool = False, input_norm: bool = False,
+                 norm_bound: float = 0.95, scale_features: bool = True) -> None:
         super().__init__()
         if num_features < 1:
             raise ValueError(f"num_features must be >= 1, got {num_features}")
@@ -212,6 +232,10 @@ class RandomFeatureGP(nn.Module):
         self.ridge, self.mean_field_factor = float(ridge), float(mean_field_factor)
         self.length_scale = float(length_scale)
         self.momentum = None if momentum is None else float(momentum)
+        self.pooler = (SpectralNormLinear(in_features, in_features, bound=norm_bound)
+                       if pooler else None)
+        self.input_norm = nn.LayerNorm(in_features) if input_norm else None
+        self.feature_scale = math.sqrt(2.0 / num_features) if scale_features else 1.0
         self.register_buffer("rff_weight", torch.randn(num_features, in_features) / length_scale)
         self.register_buffer("rff_bias", torch.rand(num_features) * (2 * math.pi))
         self.beta = nn.Linear(num_features, num_classes, bias=False)
@@ -223,13 +247,23 @@ class RandomFeatureGP(nn.Module):
                 f"num_features={self.num_features}, ridge={self.ridge}, "
                 f"mean_field_factor={self.mean_field_factor:.4g}, momentum={self.momentum}")
 
+    def transform_input(self, h: torch.Tensor) -> torch.Tensor:
+        """The optional pooler (tanh of the spectrally normalised dense layer) and input
+        LayerNorm: ``[..., C] -> [..., C]`` (the identity when neither is configured)."""
+        if self.pooler is not None:
+            h = torch.tanh(self.pooler(h))
+        if self.input_norm is not None:
+            h = self.input_norm(h)
+        return h
+
     def random_features(self, h: torch.Tensor) -> torch.Tensor:
-        r""":math:`\phi(h) = \sqrt{2/D_L}\cos(Wh/\ell + b)`: ``[..., C] -> [..., D_L]``, in
+        r""":math:`\phi(h) = s\cos(Wh/\ell + b)`, :math:`s = \sqrt{2/D_L}` or 1 (``scale_features``):
+        ``[..., C] -> [..., D_L]``, in
         at least float32 with autocast off (a phase of size ~10 in bfloat16 is off by ~0.05)."""
         dtype = torch.promote_types(h.dtype, torch.float32)
         with torch.autocast(h.device.type, enabled=False):
             z = F.linear(h.to(dtype), self.rff_weight.to(dtype), self.rff_bias.to(dtype))
-        return math.sqrt(2.0 / self.num_features) * torch.cos(z)
+        return self.feature_scale * torch.cos(z)
 
     # -- the precision --------------------------------------------------------------------------
     @torch.no_grad()
@@ -286,7 +320,7 @@ class RandomFeatureGP(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """``[..., C] -> [..., K]``: the logits in training mode (the precision updated, except
         in a guide pass of the Pyro program), the mean-field logits at evaluation."""
-        phi = self.random_features(h)
+        phi = self.random_features(self.transform_input(h))
         logits = self.beta(phi)
         if self.training:
             ctx = current_site_context()
@@ -323,7 +357,9 @@ def build_sngp_head(in_features: int, num_classes: int, options: dict | None) ->
     o = sngp_options(options)
     return RandomFeatureGP(in_features, num_classes, num_features=o["num_features"],
                            ridge=o["ridge"], mean_field_factor=o["mean_field_factor"],
-                           length_scale=o["length_scale"], momentum=o["momentum"])
+                           length_scale=o["length_scale"], momentum=o["momentum"],
+                           pooler=o["pooler"], input_norm=o["input_norm"],
+                           norm_bound=o["norm_bound"], scale_features=o["scale_features"])
 
 
 def sngp_options(options: dict | None) -> dict:

@@ -93,6 +93,11 @@ SNGP_SCHEMA: dict[str, Option] = {
                            high=1e6),
     "spectral_norm": Option(bool, SNGP_DEFAULTS["spectral_norm"]),
     "norm_bound": Option(_NUM, SNGP_DEFAULTS["norm_bound"], low=0, low_open=True, high=1e6),
+    # BERT-SNGP: a spectrally normalised dense + tanh before the GP layer; LayerNorm on its input
+    "pooler": Option(bool, SNGP_DEFAULTS["pooler"]),
+    "input_norm": Option(bool, SNGP_DEFAULTS["input_norm"]),
+    # phi = sqrt(2/D_L) cos(.) or cos(.) (the reference code's scale_random_features)
+    "scale_features": Option(bool, SNGP_DEFAULTS["scale_features"]),
     # None: the exact sum over each epoch (reset at its start); m: a moving average
     "momentum": Option(_NUM + (_NONE,), SNGP_DEFAULTS["momentum"], low=0, high=1,
                        high_open=True),

@@ -171,22 +171,22 @@ def learned(monkeypatch):
 
 
 def _demo(out, *flags) -> int:
-    return main(["demo", "--smoke", "--methods", "softmax", "--out", str(out), "--no-progress",
-                 *flags])
+    return main(["demo", "--smoke", "--methods", "softmax", "--tasks", "cola", "--out", str(out),
+                 "--no-progress", *flags])
 
 
 def test_demo_refuses_existing_runs_and_keeps_users_files(tmp_path, capsys, learned):
     from gpattn_ppl.run.demo import run_demo
 
     out = tmp_path / "d"
-    run_demo(out, smoke=True, methods=["softmax"], progress=False)
-    run = out / "softmax" / "seed0"
+    run_demo(out, smoke=True, methods=["softmax"], progress=False, tasks=["cola"])
+    run = out / "cola" / "softmax" / "seed0"
     (run / "notes.txt").write_text("mine")
     (out / "notes.txt").write_text("mine")
     before = _snapshot(out)
     tried("demo")
     line = cli_error(capsys, _demo(out))
-    assert str(out) in line and "softmax/seed0" in line and "--resume" in line \
+    assert str(out) in line and "cola/softmax/seed0" in line and "--resume" in line \
         and "--force" in line
     assert _snapshot(out) == before  # nothing deleted, nothing written
     tried("demo")
@@ -205,15 +205,15 @@ def test_demo_refuses_existing_runs_and_keeps_users_files(tmp_path, capsys, lear
 def test_demo_keeps_a_users_results_file(tmp_path, capsys, learned):
     tried("demo", 2)
     out = tmp_path / "d"
-    out.mkdir()
-    (out / "results.md").write_text("my table")
+    (out / "cola").mkdir(parents=True)
+    (out / "cola" / "results.md").write_text("my table")
     line = cli_error(capsys, _demo(out))
     assert "results.md" in line and "--force" in line
-    assert _snapshot(out) == {"results.md": b"my table"}
-    (out / "results.md").unlink()
-    (out / "reliability.png").write_bytes(b"mine")
+    assert _snapshot(out) == {"cola/results.md": b"my table"}
+    (out / "cola" / "results.md").unlink()
+    (out / "cola" / "reliability.png").write_bytes(b"mine")
     assert "reliability.png" in cli_error(capsys, _demo(out))
-    assert _snapshot(out) == {"reliability.png": b"mine"}
+    assert _snapshot(out) == {"cola/reliability.png": b"mine"}
 
 
 def test_ci_demo_smoke_twice(tmp_path, capsys):
@@ -229,8 +229,9 @@ def test_ci_demo_smoke_twice(tmp_path, capsys):
                                                  "--no-progress", "--methods", "softmax"]))
     assert main(["demo", "--smoke", "--out", str(out), "--no-progress", "--methods", "softmax",
                  "--force"]) == 0
-    best = (out / "softmax" / "seed0" / "best.pt").read_bytes()
+    best = {t: (out / t / "softmax" / "seed0" / "best.pt").read_bytes()
+            for t in ("cola", "clinc150_slice")}
     assert main(["demo", "--smoke", "--out", str(out), "--no-progress", "--methods", "softmax",
                  "--resume"]) == 0
-    assert (out / "softmax" / "seed0" / "best.pt").read_bytes() == best
+    assert best == {t: (out / t / "softmax" / "seed0" / "best.pt").read_bytes() for t in best}
     assert "| softmax | 1 |" in capsys.readouterr().out

@@ -49,7 +49,8 @@ def _record_head(net):
 
     def hook(module, args, out):
         if module.training:
-            seen.append((module.random_features(args[0]).detach().double(), out.detach().double()))
+            phi = module.random_features(module.transform_input(args[0]))
+            seen.append((phi.detach().double(), out.detach().double()))
 
     return seen, net.head.register_forward_hook(hook)
 
@@ -154,6 +155,50 @@ def test_evaluation_returns_the_mean_field_logits():
     lg, v = torch.randn(3, 2), torch.tensor([0.0, 1.0, 8.0])
     torch.testing.assert_close(mean_field_logits(lg, v, 0.5),
                                lg / torch.tensor([1.0, 1.5, 5.0]).sqrt()[:, None])
+
+
+def test_unscaled_features_approximate_the_scaled_kernel():
+    """scale_features false: phi = cos(W h / l + b), so phi(x).phi(y) ~ (D/2) k(x, y)."""
+    torch.manual_seed(0)
+    D = 4096
+    head = RandomFeatureGP(4, 2, num_features=D, length_scale=2.0, scale_features=False)
+    x = torch.randn(6, 4)
+    phi = head.random_features(x).double()
+    assert phi.abs().max() <= 1.0 and phi.abs().max() > 0.9
+    exact = torch.exp(-torch.cdist(x, x).double().square() / 8.0)
+    torch.testing.assert_close(phi @ phi.T / (D / 2), exact, atol=0.06, rtol=0)
+
+
+def test_pooler_and_input_norm_come_before_the_random_features():
+    """BERT-SNGP's pooler (tanh of a spectrally normalised dense layer) and the input LayerNorm,
+    against the same computation by hand; each off by default, and the pooler bounded."""
+    torch.manual_seed(0)
+    plain = RandomFeatureGP(8, 3, num_features=16)
+    assert plain.pooler is None and plain.input_norm is None
+    h = torch.randn(5, 8)
+    assert torch.equal(plain.transform_input(h), h)
+    head = RandomFeatureGP(8, 3, num_features=16, pooler=True, input_norm=True, norm_bound=0.5)
+    with torch.no_grad():
+        head.pooler.weight.mul_(10.0)                       # far above the bound
+        head.input_norm.weight.uniform_(0.5, 2.0)
+        head.input_norm.bias.uniform_(-1.0, 1.0)
+    head.pooler.power_iteration(50)
+    head.eval()
+    W = head.pooler.weight.double()
+    W_bounded = W * min(1.0, 0.5 / torch.linalg.matrix_norm(W, 2).item())
+    z = torch.tanh(h.double() @ W_bounded.T + head.pooler.bias.double())
+    z = torch.nn.functional.layer_norm(z, (8,), head.input_norm.weight.double(),
+                                       head.input_norm.bias.double())
+    with torch.no_grad():
+        torch.testing.assert_close(head.transform_input(h).double(), z, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(head(h).double(), head.beta(head.random_features(z.float()))
+                                   .double() / torch.sqrt(1 + head.mean_field_factor
+                                   * head.predictive_variance(head.random_features(z.float())))
+                                   .double()[:, None], rtol=1e-4, atol=1e-5)
+    assert torch.linalg.matrix_norm(head.pooler.bounded_weight().detach(), 2) <= 0.5 + 1e-4
+    net = _text(pooler=True, input_norm=True)               # from a config, on a backbone
+    assert net.head.pooler is not None and net.head.input_norm is not None
+    assert {"head.pooler.weight", "head.input_norm.weight"} <= dict(net.named_parameters()).keys()
 
 
 def test_no_update_in_a_guide_pass():
@@ -290,6 +335,10 @@ def test_config_keys_and_errors():
         load_config({"model": {"head": "sngp", "sngp": {"nope": 1}}})
     with pytest.raises(ConfigError, match=r"model\.sngp\.ridge: 0 is out of range"):
         load_config({"model": {"head": "sngp", "sngp": {"ridge": 0}}})
+    cfg = load_config({"model": {"head": "sngp", "sngp": {"pooler": True}}})
+    assert cfg["model"]["sngp"]["pooler"] is True and cfg["model"]["sngp"]["input_norm"] is False
+    with pytest.raises(ConfigError, match=r"model\.sngp\.input_norm"):
+        load_config({"model": {"head": "sngp", "sngp": {"input_norm": "yes"}}})
 
 
 def test_training_writes_results_and_calls_the_epoch_hooks(tmp_path, monkeypatch):
