@@ -234,6 +234,10 @@ def main(argv: list[str] | None = None) -> None:
                                         task.get("ood_set"))
         (out / "paired_baselines.md").write_text(paired + "\n")
         print(f"\n{paired}")
+    if task.get("ood_set"):
+        points = pareto_points(runs, task["ood_set"])
+        if points:
+            print(f"\nPareto figure: {pareto_figure(points, out / 'pareto.png', args.task)}")
     if "softmax" in runs:
         per_seed = per_seed_table(runs, args.seeds, task["metric"], replicas)
         (out / "per_seed.md").write_text(per_seed + "\n")
@@ -346,6 +350,72 @@ def paired_baselines_table(runs: dict[str, list[dict]], baselines: list[str], me
                 cells.append(f"{statistics.fmean(d):+.4f} [{p}{better}/{len(d)}]")
             lines.append(f"| {method} | {base} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def pareto_points(runs: dict[str, list[dict]], ood_set: str) -> list[dict]:
+    """One point per row of the table (``+ TS`` and ``+ LLA`` rows included, ensembles left
+    out): test cost in ms per example with every MC pass (``cost.predict_ms_per_example``; for
+    ``+ LLA`` the Laplace predictive's own), the OOD AUROC of the maximum probability on
+    ``ood_set`` and the test NLL, each mean and sample std over the runs. Rows without a
+    recorded cost are left out."""
+    points = []
+    for method, results in with_posthoc_rows(runs).items():
+        if method.startswith("deep ensemble"):
+            continue
+        # a "+ LLA" run dict has the Laplace results laid over it, its own test cost included
+        ms = [r.get("predict_ms_per_example") if method.endswith(" + LLA")
+              else (r.get("cost") or {}).get("predict_ms_per_example") for r in results]
+        auroc = [_paired_values(r, "nll", ood_set).get("OOD AUROC (MSP)") for r in results]
+        nll = [(r.get("test") or {}).get("nll") for r in results]
+        if any(v is None for v in ms + auroc + nll):
+            continue
+        stat = [(statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
+                for v in (ms, auroc, nll)]
+        points.append({"method": method, "ms": stat[0], "auroc": stat[1], "nll": stat[2]})
+    return points
+
+
+def pareto_front(points: list[dict], key: str, higher: bool) -> list[str]:
+    """The methods no other point beats on both test cost (lower) and ``key`` (higher or lower
+    is better), mean values."""
+    def better(a, b):   # a at least as good as b on both, strictly on one
+        ka, kb = a[key][0], b[key][0]
+        good = ka >= kb if higher else ka <= kb
+        strict = a["ms"][0] < b["ms"][0] or (ka > kb if higher else ka < kb)
+        return a["ms"][0] <= b["ms"][0] and good and strict
+    return [p["method"] for p in points if not any(better(q, p) for q in points if q is not p)]
+
+
+def pareto_figure(points: list[dict], path: Path, title: str) -> Path:
+    """Two panels, OOD AUROC (MSP) and test NLL against test ms per example (log scale), one
+    point per method with its std over seeds; the Pareto front of each panel drawn as a step
+    line and its methods' labels in bold. Written with matplotlib's object API (no pyplot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.4))
+    FigureCanvasAgg(fig)
+    for ax, (key, label, higher) in zip(fig.subplots(1, 2), (
+            ("auroc", "OOD AUROC (max probability), higher is better", True),
+            ("nll", "test NLL, lower is better", False))):
+        front = pareto_front(points, key, higher)
+        for p in points:
+            on = p["method"] in front
+            ax.errorbar(p["ms"][0], p[key][0], xerr=p["ms"][1], yerr=p[key][1], fmt="o",
+                        ms=6 if on else 4, color="C3" if on else "C0", capsize=2)
+            ax.annotate(p["method"], (p["ms"][0], p[key][0]), textcoords="offset points",
+                        xytext=(4, 3), fontsize=7, fontweight="bold" if on else "normal")
+        line = sorted((p for p in points if p["method"] in front), key=lambda p: p["ms"][0])
+        ax.step([p["ms"][0] for p in line], [p[key][0] for p in line], where="post",
+                color="C3", lw=1, alpha=0.6)
+        ax.set_xscale("log")
+        ax.set_xlabel("test ms per example, all MC passes (log)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{title}: uncertainty against test cost (red: Pareto front)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
 
 
 def _val_curve(run_dir: Path) -> list[float]:

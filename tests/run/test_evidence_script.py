@@ -106,3 +106,29 @@ def test_paired_differences_to_the_baselines():
     assert ("softmax + TS", "softmax + LLA") not in lines   # baselines are not rows
     assert ("unit + TS", "softmax + TS") in lines
     assert "+0.0350 [" in lines[("unit", "softmax + TS")].split("|")[7]   # AUROC
+
+
+def test_pareto_points_front_and_figure(tmp_path):
+    evidence = _evidence()
+
+    def run(ms, auroc, nll, **extra):
+        return {"cost": {"predict_ms_per_example": ms}, "test": {"nll": nll},
+                "ood": {"oos": {"detection": {"max_softmax": {"auroc": auroc}}}}, **extra}
+
+    lla = {"predict_ms_per_example": 9.0, "test": {"nll": 0.30},
+           "ood": {"oos": {"detection": {"max_softmax": {"auroc": 0.95}}}}}
+    runs = {"softmax": [run(2.0, 0.90, 0.20, laplace=lla), run(2.2, 0.92, 0.22, laplace=lla)],
+            "sgpa": [run(20.0, 0.96, 0.25), run(22.0, 0.98, 0.21)],
+            "slow_worse": [run(30.0, 0.80, 0.40), run(30.0, 0.80, 0.40)],
+            "deep ensemble (3)": [run(6.0, 0.99, 0.10), run(6.0, 0.99, 0.10)],
+            "no_cost": [{"test": {"nll": 0.1}}]}
+    points = {p["method"]: p for p in evidence.pareto_points(runs, "oos")}
+    assert set(points) == {"softmax", "softmax + LLA", "sgpa", "slow_worse"}
+    assert points["softmax + LLA"]["ms"] == (9.0, 0.0)        # the Laplace predictive's cost
+    assert points["sgpa"]["auroc"][0] == pytest.approx(0.97)
+    assert points["softmax"]["ms"][1] == pytest.approx(0.1414, abs=1e-4)
+    pts = list(points.values())
+    assert evidence.pareto_front(pts, "auroc", True) == ["softmax", "softmax + LLA", "sgpa"]
+    assert evidence.pareto_front(pts, "nll", False) == ["softmax"]
+    png = evidence.pareto_figure(pts, tmp_path / "pareto.png", "toy")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
