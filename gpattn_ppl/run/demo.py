@@ -26,7 +26,8 @@ DEMO_PRESETS: dict[str, dict] = {
 }
 
 #: the baselines beside the units: SNGP (spectrally normalised residual layers and a
-#: random-Fourier-feature GP output layer; length scale 4 as experiments/configs/cola/sngp.yaml)
+#: random-Fourier-feature GP output layer; length scale 4 as experiments/configs/cola/sngp.yaml;
+#: the demo adds its temperature-scaled row too)
 BASELINE_PRESETS: dict[str, dict] = {
     "sngp": {"attention": {"kind": "softmax"}, "head": "sngp",
              "sngp": {"length_scale": 4.0}},
@@ -68,7 +69,8 @@ def demo_encoder() -> str:
 
 
 def demo_methods() -> dict[str, dict]:
-    """Method name -> model patch, for every registered attention kind."""
+    """Method name -> model patch: every registered attention kind, then the baselines of
+    :data:`BASELINE_PRESETS` (softmax's post-hoc rows come from its evaluation settings)."""
     from ..attention import ATTENTION
 
     methods = {}
