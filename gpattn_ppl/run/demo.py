@@ -88,15 +88,12 @@ def demo_methods() -> dict[str, dict]:
 
 
 def laplace_available() -> bool:
-    """Whether last-layer Laplace (the ``laplace`` extra) imports here."""
-    from ..models import ConfigError
-    from .laplace import _import_laplace
+    """Whether the packages of the ``laplace`` extra (last-layer Laplace) are installed."""
+    from importlib.util import find_spec
 
-    try:
-        _import_laplace()
-    except ConfigError:
-        return False
-    return True
+    from .config import EXTRAS
+
+    return all(find_spec(module) for module, _ in EXTRAS["laplace"])
 
 
 def _merge(base: dict, patch: dict) -> dict:
