@@ -47,16 +47,22 @@ def test_cells_better_than_softmax_ts_are_bold():
     assert "| softmax + TS | 3 |" in table
 
 
-def test_verdict_names_winners_and_the_metric_each_loser_loses_on():
-    runs = {"softmax": [_result(0.62, 0.06, 0.1, {}, ts=(0.60, 0.02))],
-            "good": [_result(0.58, 0.03, 0.1, {})],
-            "bad": [_result(0.61, 0.09, 0.1, {})]}
-    lines = verdict(summarise(runs))
-    assert lines[0] == "Beat softmax (NLL 0.620, ECE 0.060) on both NLL and ECE: good."
-    assert lines[1] == "Did not beat softmax on NLL and ECE: bad (ECE 0.090)."
-    assert lines[2] == ("Beat softmax + TS (NLL 0.600, ECE 0.020) on both NLL and ECE: none.")
-    assert lines[3] == ("Did not beat softmax + TS on NLL and ECE: good (ECE 0.030), "
-                        "bad (NLL 0.610, ECE 0.090).")
+def test_verdict_from_summarised_runs_with_ts_and_laplace_rows():
+    """The demo's verdict on summarise's rows: softmax + TS and softmax + LLA (from the runs'
+    "ts" and "laplace" results) are the references; a missing OOD AUROC is never a win."""
+    soft = _result(0.62, 0.06, 0.1, {"max_softmax": 0.70}, ts=(0.60, 0.02))
+    soft["laplace"] = {"test": {"nll": 0.59, "ece": 0.05, "mcc": 0.1},
+                       "ood": {"cola_ood": {"detection": {"max_softmax": {"auroc": 0.75}}}}}
+    runs = {"softmax": [soft],
+            "good": [_result(0.58, 0.01, 0.1, {"max_softmax": 0.80})],
+            "bad": [_result(0.61, 0.09, 0.1, {"max_softmax": 0.72})],
+            "blind": [_result(0.50, 0.01, 0.1, {})]}
+    ts, lla = verdict(summarise(runs))
+    assert ts == ("Beat softmax + TS (NLL 0.600, ECE 0.020, OOD AUROC 0.700) on NLL, ECE and "
+                  "OOD AUROC together: good. On each alone -- NLL: good, blind; ECE: good, "
+                  "blind; OOD AUROC: good, bad.")
+    assert lla.startswith("Beat softmax + LLA (NLL 0.590, ECE 0.050, OOD AUROC 0.750) on NLL, "
+                          "ECE and OOD AUROC together: good. On each alone -- NLL: good, blind;")
 
 
 def test_deep_ensembles_form_one_per_block_of_seeds(tmp_path, tiny_config):
