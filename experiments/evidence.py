@@ -392,6 +392,7 @@ def pareto_figure(points: list[dict], path: Path, title: str) -> Path:
     line and its methods' labels in bold. Written with matplotlib's object API (no pyplot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig = Figure(figsize=(11, 4.4))
     FigureCanvasAgg(fig)
@@ -409,6 +410,9 @@ def pareto_figure(points: list[dict], path: Path, title: str) -> Path:
         ax.step([p["ms"][0] for p in line], [p[key][0] for p in line], where="post",
                 color="C3", lw=1, alpha=0.6)
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("test ms per example, all MC passes (log)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
