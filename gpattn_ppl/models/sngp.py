@@ -245,7 +245,8 @@ class RandomFeatureGP(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, num_classes={self.num_classes}, "
                 f"num_features={self.num_features}, ridge={self.ridge}, "
-                f"mean_field_factor={self.mean_field_factor:.4g}, momentum={self.momentum}")
+                f"mean_field_factor={self.mean_field_factor:.4g}, momentum={self.momentum}, "
+                f"feature_scale={self.feature_scale:.4g}")
 
     def transform_input(self, h: torch.Tensor) -> torch.Tensor:
         """The optional pooler (tanh of the spectrally normalised dense layer) and input
@@ -257,9 +258,9 @@ class RandomFeatureGP(nn.Module):
         return h
 
     def random_features(self, h: torch.Tensor) -> torch.Tensor:
-        r""":math:`\phi(h) = s\cos(Wh/\ell + b)`, :math:`s = \sqrt{2/D_L}` or 1 (``scale_features``):
-        ``[..., C] -> [..., D_L]``, in
-        at least float32 with autocast off (a phase of size ~10 in bfloat16 is off by ~0.05)."""
+        r""":math:`\phi(h) = s\cos(Wh/\ell + b)`, :math:`s = \sqrt{2/D_L}` or 1
+        (``scale_features``): ``[..., C] -> [..., D_L]``, in at least float32 with autocast off
+        (a phase of size ~10 in bfloat16 is off by ~0.05)."""
         dtype = torch.promote_types(h.dtype, torch.float32)
         with torch.autocast(h.device.type, enabled=False):
             z = F.linear(h.to(dtype), self.rff_weight.to(dtype), self.rff_bias.to(dtype))
