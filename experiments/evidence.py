@@ -365,8 +365,9 @@ def pareto_points(runs: dict[str, list[dict]], ood_set: str) -> list[dict]:
         # a "+ LLA" run dict has the Laplace results laid over it, its own test cost included
         ms = [r.get("predict_ms_per_example") if method.endswith(" + LLA")
               else (r.get("cost") or {}).get("predict_ms_per_example") for r in results]
-        auroc = [_paired_values(r, "nll", ood_set).get("OOD AUROC (MSP)") for r in results]
-        nll = [(r.get("test") or {}).get("nll") for r in results]
+        vals = [_paired_values(r, "nll", ood_set) for r in results]
+        auroc = [v.get("OOD AUROC (MSP)") for v in vals]
+        nll = [v["nll"] for v in vals]
         if any(v is None for v in ms + auroc + nll):
             continue
         stat = [(statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0)

@@ -26,15 +26,25 @@ def tiny_bert(attn=None, seed=0):
     cfg = transformers.BertConfig(vocab_size=V, hidden_size=C, num_hidden_layers=2,
                                   num_attention_heads=H, intermediate_size=32,
                                   max_position_embeddings=32, attn_implementation=attn)
-    if attn == "sdpa" and _version(transformers.__version__) < (4, 41):
-        pytest.skip(f"BERT has no sdpa attention before transformers 4.41 "
-                    f"(installed {transformers.__version__})")
     return transformers.BertModel(cfg).eval()
 
 
 def _version(text: str) -> tuple[int, int]:
     major, minor = text.split(".")[:2]
     return int(major), int(minor)
+
+
+#: BERT's attention implementations in the installed transformers (sdpa from 4.41 on)
+BERT_ATTN = (["sdpa"] if _version(transformers.__version__) >= (4, 41) else []) + ["eager"]
+
+
+def test_bert_sdpa_exists_exactly_from_transformers_4_41():
+    """The version boundary BERT_ATTN assumes: before 4.41 BertModel refuses sdpa."""
+    if "sdpa" in BERT_ATTN:
+        assert tiny_bert("sdpa").config._attn_implementation == "sdpa"
+    else:
+        with pytest.raises(ValueError, match="does not support"):
+            tiny_bert("sdpa")
 
 
 def tiny_distilbert(seed=0):
@@ -58,7 +68,7 @@ def hidden(model, enc):
         return model(**enc).last_hidden_state
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", BERT_ATTN)
 def test_softmax_swap_reproduces_bert_exactly(attn):
     """Swapping softmax for softmax with init='pretrained' changes nothing: the weights are read
     right and the host's 4-D mask (bool for sdpa, additive for eager) becomes the key mask."""
