@@ -111,13 +111,15 @@ TASKS: dict[str, dict] = {
     },
     "clinc150_finetune": {   # intents + out-of-scope detection, pretrained encoder
         "methods": {m: CLINC_FT / f"{m}.yaml" for m in (
-            "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel")},
+            "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel",
+            "cgpt_last2", "scgpt_last2")},   # *_last2: the unit in the last two layers
         "settings": [],
         "ensemble": 0,
         "about": "CLINC150 standard protocol (150 intents; OOS = the 1,000 out-of-scope test "
                  "queries), all-MiniLM-L6-v2 fine-tuned end to end (max 32 word pieces, batch 32, "
                  "3 epochs, AdamW: units and head 5e-4, encoder 3e-5); each unit swapped into "
-                 "the last layer, initialised from it; softmax also with last-layer Laplace "
+                 "the last layer (*_last2: the last two), initialised from it; softmax also with "
+                 "last-layer Laplace "
                  "(+ LLA: Kron, probit, prior precision by validation NLL)",
         "metric": "acc",
         "ood_set": "oos",
@@ -234,6 +236,11 @@ def main(argv: list[str] | None = None) -> None:
                                         task.get("ood_set"))
         (out / "paired_baselines.md").write_text(paired + "\n")
         print(f"\n{paired}")
+    if task.get("ood_set") and task.get("baselines"):
+        refs = [b for b in ("softmax + TS", "softmax + LLA") if b in task["baselines"]]
+        goal = goal_table(runs, refs, task["metric"], task["ood_set"])
+        (out / "goal.md").write_text(goal + "\n")
+        print(f"\n{goal}")
     if task.get("ood_set"):
         points = pareto_points(runs, task["ood_set"])
         if points:
@@ -352,6 +359,72 @@ def paired_baselines_table(runs: dict[str, list[dict]], baselines: list[str], me
     return "\n".join(lines)
 
 
+def _test_ms(method: str, r: dict) -> float | None:
+    """Test ms per example with every MC pass of one run of a table row: a ``+ LLA`` run dict
+    has the Laplace results laid over it, its own predictive's cost included; ``+ TS`` costs
+    what its method does."""
+    if method.endswith(" + LLA"):
+        return r.get("predict_ms_per_example")
+    return (r.get("cost") or {}).get("predict_ms_per_example")
+
+
+GOAL_COST_RATIO = 1.5
+
+
+def goal_table(runs: dict[str, list[dict]], references: list[str], metric: str,
+               ood_set: str, cost_ratio: float = GOAL_COST_RATIO,
+               baselines: tuple[str, ...] = ("softmax", "mc_dropout", "sngp")) -> str:
+    """The issue's goal, row by row: is a method (its ``+ TS`` row too) Pareto-better than
+    each reference on the means over seeds: ``metric`` at least the reference's, lower NLL and
+    ECE, higher OOD AUROC (maximum probability on ``ood_set``), at most ``cost_ratio`` times
+    the reference's test ms per example (every MC pass)? Rows of ``baselines`` (with their
+    ``+ TS`` rows), ``+ LLA`` rows and ensembles are left out. Each cell gives the difference
+    (cost: the ratio) and ✓ / ✗; the last column says whether every criterion holds. Means
+    only, not a test: the paired tests are in ``paired_baselines.md``."""
+    rows = with_posthoc_rows(runs)
+    names = [metric, "nll", "ece", "OOD AUROC (MSP)"]
+    higher = {metric: True, "OOD AUROC (MSP)": True}
+
+    def means(method):
+        vals = [_paired_values(r, metric, ood_set) for r in rows[method]]
+        out = {m: [v[m] for v in vals] for m in names}
+        out["ms"] = [_test_ms(method, r) for r in rows[method]]
+        return {k: statistics.fmean(v) if v and None not in v else None for k, v in out.items()}
+
+    lines = [f"Goal check (means over seeds): {metric} ≥ the reference's, NLL and ECE lower, OOD "
+             f"AUROC (MSP) higher, test cost ≤ {cost_ratio:g}× the reference's:", "",
+             "| method | reference | " + " | ".join(names) + " | test cost ratio | goal |",
+             "|---|---|" + "---|" * (len(names) + 2)]
+    for ref in references:
+        if ref not in rows:
+            continue
+        base = means(ref)
+        for method in rows:
+            if method.split(" + ")[0] in baselines or method.startswith("deep ensemble") or \
+                    method.endswith(" + LLA") or len(rows[method]) != len(rows[ref]):
+                continue
+            mine, cells, ok = means(method), [], True
+            for m in names:
+                if mine[m] is None or base[m] is None:
+                    cells.append("–")
+                    ok = False
+                    continue
+                d = mine[m] - base[m]
+                good = d >= 0 if m == metric else (d > 0 if higher.get(m) else d < 0)
+                ok &= good
+                cells.append(f"{d:+.4f} {'✓' if good else '✗'}")
+            if mine["ms"] is None or not base["ms"]:
+                cells.append("–")
+                ok = False
+            else:
+                ratio = mine["ms"] / base["ms"]
+                ok &= ratio <= cost_ratio
+                cells.append(f"{ratio:.1f}× {'✓' if ratio <= cost_ratio else '✗'}")
+            lines.append(f"| {method} | {ref} | " + " | ".join(cells) +
+                         f" | {'**met**' if ok else 'not met'} |")
+    return "\n".join(lines)
+
+
 def pareto_points(runs: dict[str, list[dict]], ood_set: str) -> list[dict]:
     """One point per row of the table (``+ TS`` and ``+ LLA`` rows included, ensembles left
     out): test cost in ms per example with every MC pass (``cost.predict_ms_per_example``; for
@@ -362,9 +435,7 @@ def pareto_points(runs: dict[str, list[dict]], ood_set: str) -> list[dict]:
     for method, results in with_posthoc_rows(runs).items():
         if method.startswith("deep ensemble"):
             continue
-        # a "+ LLA" run dict has the Laplace results laid over it, its own test cost included
-        ms = [r.get("predict_ms_per_example") if method.endswith(" + LLA")
-              else (r.get("cost") or {}).get("predict_ms_per_example") for r in results]
+        ms = [_test_ms(method, r) for r in results]
         vals = [_paired_values(r, "nll", ood_set) for r in results]
         auroc = [v.get("OOD AUROC (MSP)") for v in vals]
         nll = [v["nll"] for v in vals]

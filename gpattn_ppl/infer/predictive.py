@@ -29,15 +29,18 @@ def predict(program: PyroProgram, dataset, *, num_samples: int = 10, batch_size:
     Deterministic networks are run once (T = 1); stochastic ones ``num_samples`` times, each pass
     the guide traced and the model replayed on its draws (:func:`program_pass`).
 
-    :param mean: use the units' posterior means (one pass) instead of samples.
+    :param mean: one pass with the units at their posterior means (and MC dropout off)
+        instead of samples.
     :param limit: evaluate only the first ``limit`` examples (smoke runs).
     :param precision: the passes run under :func:`~gpattn_ppl.infer.precision.autocast`
         (``fp32``: none); logits are returned as float32, probabilities computed in float64.
     :returns: ``{"probs": [T, n, K], "logits": [T, n, K], "labels": [n]}`` on the CPU.
     """
     net = program.net
-    was_training = net.training
+    was_training, was_mc = net.training, getattr(net, "mc_dropout", False)
     net.eval()
+    if mean and was_mc:   # the mean of MC dropout: dropout off (weight-scaling inference)
+        net.set_mc_dropout(False)
     T = num_samples if (net.stochastic and not mean) else 1
     logits, labels = [], []
     n = len(dataset) if limit is None else min(limit, len(dataset))
@@ -54,6 +57,8 @@ def predict(program: PyroProgram, dataset, *, num_samples: int = 10, batch_size:
                 labels.append(b.y.cpu())
     finally:
         net.train(was_training)
+        if mean and was_mc:
+            net.set_mc_dropout(True)
     logits = torch.cat(logits, 1)
     return {"logits": logits, "probs": torch.softmax(logits.double(), -1), "labels": torch.cat(labels)}
 

@@ -283,6 +283,10 @@ SCHEMA: dict[str, Any] = {
     },
     "eval": {
         "mc_samples": _positive(default=10),
+        # mc: eval.mc_samples sampled passes averaged; mean: one pass with every stochastic
+        # unit at its posterior mean (settings.posterior_mean) and MC dropout off: the cost of
+        # one deterministic pass, and no mutual information
+        "predictive": Option(str, "mc", ("mc", "mean")),
         "ood": Option((list, _NONE), None, check=_check_ood_sets),
         "metrics": Option((list, _NONE), None, check=_names(_metric_names, "metric")),
         "average": Option(str, "probs", ("probs", "logits")),

@@ -49,7 +49,7 @@ def evaluate_model(program: PyroProgram, bundle, cfg: dict, device, ood: list[st
     """
     e, d = cfg["eval"], cfg["data"]
     kw = dict(num_samples=e["mc_samples"], batch_size=d["eval_batch_size"], device=device,
-              precision=cfg["train"]["precision"])
+              precision=cfg["train"]["precision"], mean=e["predictive"] == "mean")
     names = ood if ood is not None else (e["ood"] if e["ood"] is not None else list(bundle.ood))
     check_ood_names(names, bundle)
     start = time.perf_counter()

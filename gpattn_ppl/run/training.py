@@ -415,7 +415,8 @@ class Trainer:
     def validate(self) -> dict:
         """Metrics of the current model on the validation split (``data.limit_val``: its
         stratified subset, ``val_set``): ``train.val_mc_samples`` MC passes (None:
-        ``eval.mc_samples``, as in evaluation)."""
+        ``eval.mc_samples``, as in evaluation), or the posterior-mean pass of
+        ``eval.predictive: mean``."""
         T = self.cfg["train"]["val_mc_samples"] or self.cfg["eval"]["mc_samples"]
         devices = [self.device] if self.device.type == "cuda" else []
         # validation draws (MC passes, the sampled "y" site) must not move the training RNG
@@ -423,7 +424,8 @@ class Trainer:
             torch.manual_seed(self.cfg["train"]["seed"] + 7919 * self.epoch)
             pred = predict(self.program, self.val_set, num_samples=T,
                            batch_size=self.cfg["data"]["eval_batch_size"], device=self.device,
-                           precision=self.cfg["train"]["precision"])
+                           precision=self.cfg["train"]["precision"],
+                           mean=self.cfg["eval"]["predictive"] == "mean")
         report = classification_report(pred["probs"], pred["labels"], logits=pred["logits"],
                                        metrics=list(VALIDATION_METRICS))
         if self.cfg["train"]["track_uncertainty"]:

@@ -69,3 +69,40 @@ def test_sites_mode_replays_the_guide_draws(unit):
                             batch_size=4)["logits"]
     assert not torch.allclose(got["thin"][0], got["thin"][1])     # the passes do differ
     torch.testing.assert_close(got["sites"], got["thin"])
+
+
+@pytest.mark.parametrize("unit", ["sgpa", "kep_svgp"])
+def test_mean_predictive_is_one_pass_at_the_posterior_mean(unit):
+    """``mean=True``: one pass, the network under ``posterior_mean`` (two calls agree
+    exactly), where the sampled passes differ from one another."""
+    from gpattn_ppl.settings import posterior_mean
+
+    net, ds = _net(UNITS[unit], depth=1), _data()
+    program = PyroProgram(net, num_data=len(ds))
+    out = predict(program, ds, num_samples=5, batch_size=4, mean=True)
+    assert out["logits"].shape == (1, len(ds), 3)
+    again = predict(program, ds, num_samples=5, batch_size=4, mean=True)
+    assert torch.equal(out["logits"], again["logits"])
+    b = ds.batch(torch.arange(len(ds)))
+    net.eval()
+    with torch.no_grad(), posterior_mean():
+        expected = net(b.x, b.mask)
+    torch.testing.assert_close(out["logits"][0], expected.float())
+    sampled = predict(program, ds, num_samples=5, batch_size=4)["logits"]
+    assert sampled.shape[0] == 5 and not torch.equal(sampled[0], sampled[1])
+
+
+def test_mean_predictive_turns_mc_dropout_off_and_back_on():
+    torch.manual_seed(0)
+    net = build_model({"arch": "text", "dim": 8, "heads": 2, "depth": 1, "mlp_dim": 16,
+                       "dropout": 0.3, "attention": {"kind": "softmax"}, "mc_dropout": True},
+                      num_classes=3, vocab_size=30).to(torch.float64)
+    ds = _data()
+    program = PyroProgram(net, num_data=len(ds))
+    assert net.stochastic
+    out = predict(program, ds, num_samples=4, batch_size=4, mean=True)
+    assert out["logits"].shape == (1, len(ds), 3)
+    assert net.mc_dropout and net.stochastic                  # restored
+    net.set_mc_dropout(False)
+    plain = predict(program, ds, num_samples=4, batch_size=4)   # dropout off: deterministic
+    torch.testing.assert_close(out["logits"], plain["logits"], rtol=0, atol=0)

@@ -132,3 +132,36 @@ def test_pareto_points_front_and_figure(tmp_path):
     assert evidence.pareto_front(pts, "nll", False) == ["softmax"]
     png = evidence.pareto_figure(pts, tmp_path / "pareto.png", "toy")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_goal_table_checks_every_criterion_and_the_cost_ratio():
+    evidence = _evidence()
+
+    def run(ms, acc, nll, ece, auroc, **extra):
+        return {"cost": {"predict_ms_per_example": ms},
+                "test": {"acc": acc, "nll": nll, "ece": ece, "brier": 0.1},
+                "ood": {"oos": {"detection": {"max_softmax": {"auroc": auroc}}}}, **extra}
+
+    ts = {"test": {"acc": 0.90, "nll": 0.30, "ece": 0.02, "brier": 0.1},
+          "ood": {"oos": {"detection": {"max_softmax": {"auroc": 0.90}}}}}
+    lla = {**ts, "predict_ms_per_example": 4.0}
+    runs = {"softmax": [run(2.0, 0.90, 0.35, 0.05, 0.91, ts=ts, laplace=lla)] * 2,
+            "sngp": [run(2.5, 0.95, 0.10, 0.01, 0.99, ts=ts)] * 2,           # a baseline
+            "cheap": [run(2.8, 0.91, 0.29, 0.01, 0.95)] * 2,   # 1.4x softmax: met on both
+            "slow": [run(5.0, 0.91, 0.29, 0.01, 0.95)] * 2,    # 2.5x softmax, 1.25x LLA
+            "worse_ece": [run(2.0, 0.92, 0.20, 0.03, 0.95)] * 2,
+            "one_seed": [run(2.0, 0.99, 0.01, 0.001, 0.99)]}   # not paired with the references
+    table = evidence.goal_table(runs, ["softmax + TS", "softmax + LLA"], "acc", "oos")
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]):
+            [c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| method")}
+    assert {m for m, _ in rows} == {"cheap", "slow", "worse_ece"}   # baselines, 1 seed: out
+    assert rows[("cheap", "softmax + TS")][-1] == "**met**"
+    assert rows[("cheap", "softmax + TS")][-2] == "1.4× ✓"            # 2.8 / 2.0
+    assert rows[("cheap", "softmax + LLA")][-1] == "**met**"
+    assert rows[("slow", "softmax + TS")][-1] == "not met"            # cost only
+    assert rows[("slow", "softmax + TS")][-2] == "2.5× ✗"
+    assert rows[("slow", "softmax + LLA")][-1] == "**met**"           # 5.0 / 4.0
+    assert rows[("worse_ece", "softmax + TS")][4] == "+0.0100 ✗"
+    assert rows[("worse_ece", "softmax + TS")][-1] == "not met"
+    assert rows[("cheap", "softmax + TS")][2] == "+0.0100 ✓"          # acc
