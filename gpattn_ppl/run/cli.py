@@ -112,8 +112,10 @@ def _predict(args) -> int:
         _check_predict_out(Path(args.out), Path(args.input), Path(args.run_dir), args.force)
     texts = read_inputs(args.input, args.text_column)
     predictor = load_run(args.run_dir, device=args.device, temperature=not args.no_temperature)
+    if args.mean and args.samples is not None:
+        raise CommandLineError("--mean and --samples exclude each other (--mean is one pass)")
     records = predictor.predict(texts, samples=args.samples, batch_size=args.batch_size,
-                                seed=args.seed)
+                                seed=args.seed, mean=True if args.mean else None)
     lines = [dumps({"text": t, **r}, indent=None) for t, r in zip(texts, records)]
     if args.out:
         from ..infer.checkpoint import atomic_write
@@ -303,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--samples", type=_positive_int, default=None, metavar="T",
                    help="stochastic passes averaged per input (default: eval.mc_samples of the "
                    "run; deterministic networks run once), e.g. --samples 20")
+    r.add_argument("--mean", action="store_true",
+                   help="one pass at the units' posterior means (MC dropout off) instead of "
+                   "--samples draws: the cost of a deterministic network, no mutual information "
+                   "(default: the run's eval.predictive)")
     r.add_argument("--batch-size", type=_positive_int, default=256,
                    help="inputs per forward pass, e.g. --batch-size 64")
     r.add_argument("--seed", type=_seed, default=0, help="seed of the stochastic passes, e.g. "

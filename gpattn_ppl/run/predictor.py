@@ -53,7 +53,7 @@ class Predictor:
                 f"temperature={self.temperature:.4g}, stochastic={self.stochastic})")
 
     def predict_proba(self, inputs, *, samples: int | None = None, batch_size: int = 256,
-                      seed: int = 0) -> torch.Tensor:
+                      seed: int = 0, mean: bool | None = None) -> torch.Tensor:
         """Per-pass tempered class probabilities ``[T, n, K]`` (float64, CPU).
 
         :param inputs: texts (a list of str), or for image runs a uint8 tensor
@@ -61,6 +61,9 @@ class Predictor:
         :param samples: passes ``T`` (default ``eval.mc_samples`` of the run; 1 for
             deterministic networks).
         :param seed: seeds the passes, so a call is reproducible (the global RNG is untouched).
+        :param mean: one pass at the units' posterior means (MC dropout off; ``T = 1``, no
+            mutual information) instead of ``samples`` draws (default: the run's
+            ``eval.predictive``). The temperature is the one the run's evaluation fitted.
         """
         from ..infer import predict
 
@@ -75,18 +78,22 @@ class Predictor:
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
+            if mean is None:
+                mean = self.config["eval"]["predictive"] == "mean"
             out = predict(self.program, dataset, num_samples=T, batch_size=batch_size,
-                          device=self.device, precision=self.config["train"]["precision"])
+                          device=self.device, precision=self.config["train"]["precision"],
+                          mean=mean)
         return torch.softmax(out["logits"].double() / self.temperature, -1)
 
     def predict(self, inputs, *, samples: int | None = None, batch_size: int = 256,
-                seed: int = 0) -> list[dict]:
+                seed: int = 0, mean: bool | None = None) -> list[dict]:
         """One record per input: ``probs`` (class name -> probability), ``pred`` (class name),
         ``entropy``, ``mutual_info`` (``None`` for deterministic networks) and ``msp``.
 
         See :meth:`predict_proba` for the arguments.
         """
-        p = self.predict_proba(inputs, samples=samples, batch_size=batch_size, seed=seed)
+        p = self.predict_proba(inputs, samples=samples, batch_size=batch_size, seed=seed,
+                               mean=mean)
         mean = p.mean(0)
         entropy = -torch.special.xlogy(mean, mean).sum(-1)
         if p.shape[0] > 1:

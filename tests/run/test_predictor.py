@@ -119,6 +119,23 @@ def test_stochastic_run_mutual_information_and_seeding(tmp_path):
         h = float(-(mean * mean.log()).sum())
         eh = float(-(pt * pt.log()).sum(-1).mean())
         assert r["mutual_info"] == pytest.approx(h - eh, abs=1e-9) and r["mutual_info"] > 0
+    # the mean predictive: one pass with dropout off, whatever the seed; MC dropout stays on
+    m = predictor.predict_proba(texts, mean=True)
+    assert m.shape == (1, 3, 2) and torch.equal(m, predictor.predict_proba(texts, mean=True, seed=1))
+    assert all(r["mutual_info"] is None for r in predictor.predict(texts, mean=True))
+    assert predictor.program.net.mc_dropout
+    predictor.program.net.set_mc_dropout(False)
+    torch.testing.assert_close(predictor.predict_proba(texts), m, rtol=0, atol=0)
+    predictor.program.net.set_mc_dropout(True)
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(texts) + "\n")
+    assert main(["predict", str(tmp_path / "mc"), "--input", str(inp), "--mean",
+                 "--samples", "4"]) == 2
+    out = tmp_path / "mean.jsonl"
+    assert main(["predict", str(tmp_path / "mc"), "--input", str(inp), "--mean", "--out",
+                 str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["probs"] for r in rows] == [r["probs"] for r in predictor.predict(texts, mean=True)]
 
 
 def test_load_run_errors(tmp_path, trained):
