@@ -28,6 +28,7 @@ import argparse
 import csv
 import itertools
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -170,6 +171,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--methods", nargs="+", help="a subset of the task's methods")
     p.add_argument("--set", nargs="+", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="extra config overrides for every run")
+    p.add_argument("--mean-predictive", action="store_true",
+                   help="also evaluate every stochastic method's finished runs with one pass at "
+                        "the posterior mean (eval.predictive=mean, on copies under "
+                        "OUT/_mean/) and add their rows as '<method> (mean)'")
     args = p.parse_args(argv)
     task = TASKS[args.task]
     if args.ensemble is None:
@@ -211,6 +216,10 @@ def main(argv: list[str] | None = None) -> None:
         for m in others:
             runs[m] = [json.loads((out / m / f"seed{s}" / "results.json").read_text())
                        for s in args.seeds]
+    if args.mean_predictive:
+        for m in [m for m in runs if m not in ("softmax", "sngp")
+                  and not m.startswith("deep ensemble")]:
+            runs[f"{m} (mean)"] = mean_predictive_runs(out, m, args.seeds)
     order = ["softmax", f"deep ensemble ({args.ensemble})", "mc_dropout"]
     runs = {m: runs[m] for m in order if m in runs} | {m: r for m, r in runs.items()
                                                        if m not in order}
@@ -249,6 +258,34 @@ def main(argv: list[str] | None = None) -> None:
         per_seed = per_seed_table(runs, args.seeds, task["metric"], replicas)
         (out / "per_seed.md").write_text(per_seed + "\n")
         print(f"\n{per_seed}")
+
+
+#: the files of a finished run an evaluation reads (RUN_FILES less last.pt and predictions.pt)
+_EVAL_FILES = ("config.yaml", "run.json", "encoder.json", "best.pt", "log.csv", "history.json",
+               "results.json", "calibration.json", "swap.json")
+
+
+def mean_predictive_runs(out: Path, method: str, seeds: list[int]) -> list[dict]:
+    """The results of ``method``'s finished runs (``out/<method>/seed<s>``) re-evaluated with
+    one pass at the units' posterior means (``eval.predictive=mean``, MC dropout off), each on
+    a copy of its folder at ``out/_mean/<method>/seed<s>`` (an evaluation rewrites
+    ``results.json``); a copy already evaluated that way is reused."""
+    from gpattn_ppl.run.results import evaluate_run
+
+    results = []
+    for s in seeds:
+        src, dst = out / method / f"seed{s}", out / "_mean" / method / f"seed{s}"
+        done = dst / "results.json"
+        if done.exists() and json.loads(done.read_text()).get("eval", {}).get(
+                "predictive") == "mean":
+            results.append(json.loads(done.read_text()))
+            continue
+        dst.mkdir(parents=True, exist_ok=True)
+        for name in _EVAL_FILES:
+            if (src / name).exists():
+                shutil.copy2(src / name, dst / name)
+        results.append(evaluate_run(dst, overrides=["eval.predictive=mean"]))
+    return results
 
 
 def _cell(vals: list, fmt: str = ".3f", std: bool = True) -> str:
@@ -378,7 +415,7 @@ def goal_table(runs: dict[str, list[dict]], references: list[str], metric: str,
     each reference on the means over seeds: ``metric`` at least the reference's, lower NLL and
     ECE, higher OOD AUROC (maximum probability on ``ood_set``), at most ``cost_ratio`` times
     the reference's test ms per example (every MC pass)? Rows of ``baselines`` (with their
-    ``+ TS`` rows), ``+ LLA`` rows and ensembles are left out. Each cell gives the difference
+    ``+ TS`` and ``(mean)`` rows), ``+ LLA`` rows and ensembles are left out. Each cell gives the difference
     (cost: the ratio) and ✓ / ✗; the last column says whether every criterion holds. Means
     only, not a test: the paired tests are in ``paired_baselines.md``."""
     rows = with_posthoc_rows(runs)
@@ -400,7 +437,8 @@ def goal_table(runs: dict[str, list[dict]], references: list[str], metric: str,
             continue
         base = means(ref)
         for method in rows:
-            if method.split(" + ")[0] in baselines or method.startswith("deep ensemble") or \
+            if method.split(" + ")[0].removesuffix(" (mean)") in baselines or \
+                    method.startswith("deep ensemble") or \
                     method.endswith(" + LLA") or len(rows[method]) != len(rows[ref]):
                 continue
             mine, cells, ok = means(method), [], True

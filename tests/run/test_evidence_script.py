@@ -146,6 +146,7 @@ def test_goal_table_checks_every_criterion_and_the_cost_ratio():
           "ood": {"oos": {"detection": {"max_softmax": {"auroc": 0.90}}}}}
     lla = {**ts, "predict_ms_per_example": 4.0}
     runs = {"softmax": [run(2.0, 0.90, 0.35, 0.05, 0.91, ts=ts, laplace=lla)] * 2,
+            "mc_dropout (mean)": [run(2.0, 0.99, 0.01, 0.001, 0.99)] * 2,   # a baseline
             "sngp": [run(2.5, 0.95, 0.10, 0.01, 0.99, ts=ts)] * 2,           # a baseline
             "cheap": [run(2.8, 0.91, 0.29, 0.01, 0.95)] * 2,   # 1.4x softmax: met on both
             "slow": [run(5.0, 0.91, 0.29, 0.01, 0.95)] * 2,    # 2.5x softmax, 1.25x LLA
@@ -165,3 +166,26 @@ def test_goal_table_checks_every_criterion_and_the_cost_ratio():
     assert rows[("worse_ece", "softmax + TS")][4] == "+0.0100 ✗"
     assert rows[("worse_ece", "softmax + TS")][-1] == "not met"
     assert rows[("cheap", "softmax + TS")][2] == "+0.0100 ✓"          # acc
+
+
+def test_mean_predictive_runs_evaluate_copies_once(tmp_path, monkeypatch):
+    import json
+
+    from gpattn_ppl.run import results as results_module
+    from gpattn_ppl.run.experiment import Trainer
+
+    from .conftest import TINY
+
+    evidence = _evidence()
+    cfg = json.loads(json.dumps(TINY))
+    cfg["model"]["attention"] = {"kind": "sgpa", "num_inducing": 4}
+    mc = Trainer(cfg, tmp_path / "sgpa" / "seed0").fit()
+    before = (tmp_path / "sgpa" / "seed0" / "results.json").read_text()
+    [mean] = evidence.mean_predictive_runs(tmp_path, "sgpa", [0])
+    assert mean["eval"]["predictive"] == "mean" and mc["eval"]["predictive"] == "mc"
+    assert mean["test"]["mutual_info"] == pytest.approx(0.0, abs=1e-12)
+    assert mc["test"]["mutual_info"] > 0
+    assert (tmp_path / "sgpa" / "seed0" / "results.json").read_text() == before  # untouched
+    assert not (tmp_path / "_mean" / "sgpa" / "seed0" / "last.pt").exists()
+    monkeypatch.setattr(results_module, "evaluate_run", lambda *a, **k: pytest.fail("rerun"))
+    assert evidence.mean_predictive_runs(tmp_path, "sgpa", [0]) == [mean]   # reused
