@@ -175,6 +175,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="also evaluate every stochastic method's finished runs with one pass at "
                         "the posterior mean (eval.predictive=mean, on copies under "
                         "OUT/_mean/) and add their rows as '<method> (mean)'")
+    p.add_argument("--cost-json", default=None, metavar="PATH",
+                   help="test costs for the goal table from one run of "
+                        "benchmarks/bench_predictive_cost.py (default: each run's recorded "
+                        "cost)")
     args = p.parse_args(argv)
     task = TASKS[args.task]
     if args.ensemble is None:
@@ -247,11 +251,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{paired}")
     if task.get("ood_set") and task.get("baselines"):
         refs = [b for b in ("softmax + TS", "softmax + LLA") if b in task["baselines"]]
-        goal = goal_table(runs, refs, task["metric"], task["ood_set"])
+        cost = benchmark_costs(args.cost_json) if args.cost_json else None
+        goal = goal_table(runs, refs, task["metric"], task["ood_set"], cost=cost)
         (out / "goal.md").write_text(goal + "\n")
         print(f"\n{goal}")
     if task.get("ood_set"):
-        points = pareto_points(runs, task["ood_set"])
+        points = pareto_points(runs, task["ood_set"],
+                               benchmark_costs(args.cost_json) if args.cost_json else None)
         if points:
             print(f"\nPareto figure: {pareto_figure(points, out / 'pareto.png', args.task)}")
     if "softmax" in runs:
@@ -410,14 +416,19 @@ GOAL_COST_RATIO = 1.5
 
 def goal_table(runs: dict[str, list[dict]], references: list[str], metric: str,
                ood_set: str, cost_ratio: float = GOAL_COST_RATIO,
-               baselines: tuple[str, ...] = ("softmax", "mc_dropout", "sngp")) -> str:
+               baselines: tuple[str, ...] = ("softmax", "mc_dropout", "sngp"),
+               cost: dict[str, float] | None = None) -> str:
     """The issue's goal, row by row: is a method (its ``+ TS`` row too) Pareto-better than
     each reference on the means over seeds: ``metric`` at least the reference's, lower NLL and
     ECE, higher OOD AUROC (maximum probability on ``ood_set``), at most ``cost_ratio`` times
     the reference's test ms per example (every MC pass)? Rows of ``baselines`` (with their
     ``+ TS`` and ``(mean)`` rows), ``+ LLA`` rows and ensembles are left out. Each cell gives the difference
     (cost: the ratio) and ✓ / ✗; the last column says whether every criterion holds. Means
-    only, not a test: the paired tests are in ``paired_baselines.md``."""
+    only, not a test: the paired tests are in ``paired_baselines.md``.
+
+    :param cost: test ms per example by row name (``+ TS`` rows cost what their method does),
+        measured in one benchmark run (:func:`benchmark_costs`); default: each run's own
+        recorded cost, which depends on the load of the machine when it ran."""
     rows = with_posthoc_rows(runs)
     names = [metric, "nll", "ece", "OOD AUROC (MSP)"]
     higher = {metric: True, "OOD AUROC (MSP)": True}
@@ -426,10 +437,13 @@ def goal_table(runs: dict[str, list[dict]], references: list[str], metric: str,
         vals = [_paired_values(r, metric, ood_set) for r in rows[method]]
         out = {m: [v[m] for v in vals] for m in names}
         out["ms"] = [_test_ms(method, r) for r in rows[method]]
+        if cost is not None:
+            out["ms"] = [cost.get(method.removesuffix(" + TS"))]
         return {k: statistics.fmean(v) if v and None not in v else None for k, v in out.items()}
 
+    source = "one benchmark run" if cost is not None else "each run's recorded cost"
     lines = [f"Goal check (means over seeds): {metric} ≥ the reference's, NLL and ECE lower, OOD "
-             f"AUROC (MSP) higher, test cost ≤ {cost_ratio:g}× the reference's:", "",
+             f"AUROC (MSP) higher, test cost ≤ {cost_ratio:g}× the reference's ({source}):", "",
              "| method | reference | " + " | ".join(names) + " | test cost ratio | goal |",
              "|---|---|" + "---|" * (len(names) + 2)]
     for ref in references:
@@ -463,17 +477,30 @@ def goal_table(runs: dict[str, list[dict]], references: list[str], metric: str,
     return "\n".join(lines)
 
 
-def pareto_points(runs: dict[str, list[dict]], ood_set: str) -> list[dict]:
+def benchmark_costs(path: str | Path) -> dict[str, float]:
+    """Test ms per example by table row name from ``benchmarks/bench_predictive_cost.py``'s
+    JSON: ``<name>/mc`` is row ``<name>``, ``<name>/mean`` row ``<name> (mean)`` and
+    ``<name>/lla`` row ``<name> + LLA``."""
+    rows = json.loads(Path(path).read_text())["rows"]
+    suffix = {"mc": "", "mean": " (mean)", "lla": " + LLA"}
+    return {name + suffix[mode]: row["ms_per_example_median"]
+            for key, row in rows.items() for name, mode in [key.rsplit("/", 1)]}
+
+
+def pareto_points(runs: dict[str, list[dict]], ood_set: str,
+                  cost: dict[str, float] | None = None) -> list[dict]:
     """One point per row of the table (``+ TS`` and ``+ LLA`` rows included, ensembles left
     out): test cost in ms per example with every MC pass (``cost.predict_ms_per_example``; for
     ``+ LLA`` the Laplace predictive's own), the OOD AUROC of the maximum probability on
     ``ood_set`` and the test NLL, each mean and sample std over the runs. Rows without a
-    recorded cost are left out."""
+    recorded cost are left out. ``cost``: the costs of one benchmark run by row name
+    (:func:`benchmark_costs`) instead; rows it lacks are left out."""
     points = []
     for method, results in with_posthoc_rows(runs).items():
         if method.startswith("deep ensemble"):
             continue
-        ms = [_test_ms(method, r) for r in results]
+        ms = [_test_ms(method, r) if cost is None else cost.get(method.removesuffix(" + TS"))
+              for r in results]
         vals = [_paired_values(r, "nll", ood_set) for r in results]
         auroc = [v.get("OOD AUROC (MSP)") for v in vals]
         nll = [v["nll"] for v in vals]

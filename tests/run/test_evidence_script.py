@@ -189,3 +189,33 @@ def test_mean_predictive_runs_evaluate_copies_once(tmp_path, monkeypatch):
     assert not (tmp_path / "_mean" / "sgpa" / "seed0" / "last.pt").exists()
     monkeypatch.setattr(results_module, "evaluate_run", lambda *a, **k: pytest.fail("rerun"))
     assert evidence.mean_predictive_runs(tmp_path, "sgpa", [0]) == [mean]   # reused
+
+
+def test_goal_table_takes_the_costs_of_one_benchmark_run(tmp_path):
+    import json
+
+    evidence = _evidence()
+    bench = {"rows": {"softmax/mc": {"ms_per_example_median": 4.0},
+                      "softmax/lla": {"ms_per_example_median": 4.2},
+                      "unit/mc": {"ms_per_example_median": 16.0},
+                      "unit/mean": {"ms_per_example_median": 4.4}}}
+    (tmp_path / "b.json").write_text(json.dumps(bench))
+    cost = evidence.benchmark_costs(tmp_path / "b.json")
+    assert cost == {"softmax": 4.0, "softmax + LLA": 4.2, "unit": 16.0, "unit (mean)": 4.4}
+
+    def run(acc, ms=99.0):
+        return {"cost": {"predict_ms_per_example": ms},
+                "test": {"acc": acc, "nll": 0.2, "ece": 0.01, "brier": 0.1},
+                "ood": {"oos": {"detection": {"max_softmax": {"auroc": 0.95}}}}}
+
+    ts = {"test": {"acc": 0.9, "nll": 0.3, "ece": 0.02, "brier": 0.1},
+          "ood": {"oos": {"detection": {"max_softmax": {"auroc": 0.9}}}}}
+    runs = {"softmax": [{**run(0.9, ms=1.0), "ts": ts}], "unit": [run(0.95, ms=1.0)],
+            "unit (mean)": [run(0.95, ms=50.0)]}
+    table = evidence.goal_table(runs, ["softmax + TS"], "acc", "oos", cost=cost)
+    assert "one benchmark run" in table
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()
+            if line.startswith("| unit")}
+    assert "4.0× ✗" in rows["unit"] and "not met" in rows["unit"]       # 16 / 4, not 1 / 1
+    assert "1.1× ✓" in rows["unit (mean)"] and "**met**" in rows["unit (mean)"]
+    assert "recorded cost" in evidence.goal_table(runs, ["softmax + TS"], "acc", "oos")
