@@ -129,15 +129,19 @@ def test_peak_memory_is_the_runs_own(tiny_config, tmp_path):
 
 
 def test_run_memory_sees_a_peak_inside_the_run():
+    import mmap
+    import time
+
     from gpattn_ppl.run.runtime import RunMemory
 
     with RunMemory("cpu", interval=0.01) as memory:
-        x = torch.ones(25_000_000)  # 100 MB
-        x.add_(1.0)
-        import time
-
+        # 100 MB of fresh pages, touched: an anonymous mapping is new to the resident set
+        # whatever the allocator kept from earlier tests (a freed 100 MB tensor is reused
+        # from the heap, and the resident set does not move)
+        block = mmap.mmap(-1, 100 * 2**20)
+        block.write(b"\x01" * len(block))
         time.sleep(0.5)  # several sampling intervals, also on a loaded machine
-        del x
+        block.close()
     assert memory.summary()["increase_mb"] > 50
 
 
