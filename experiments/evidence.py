@@ -256,8 +256,8 @@ def main(argv: list[str] | None = None) -> None:
         (out / "goal.md").write_text(goal + "\n")
         print(f"\n{goal}")
     if task.get("ood_set"):
-        points = pareto_points(runs, task["ood_set"],
-                               benchmark_costs(args.cost_json) if args.cost_json else None)
+        points = figure_points(pareto_points(
+            runs, task["ood_set"], benchmark_costs(args.cost_json) if args.cost_json else None))
         if points:
             print(f"\nPareto figure: {pareto_figure(points, out / 'pareto.png', args.task)}")
     if "softmax" in runs:
@@ -510,6 +510,16 @@ def pareto_points(runs: dict[str, list[dict]], ood_set: str,
                 for v in (ms, auroc, nll)]
         points.append({"method": method, "ms": stat[0], "auroc": stat[1], "nll": stat[2]})
     return points
+
+
+def figure_points(points: list[dict]) -> list[dict]:
+    """The points the Pareto figure shows: a method with a ``+ TS`` row is drawn by that row
+    only (softmax and SNGP by both), and ``mc_dropout (mean)`` (dropout off: the softmax
+    network) is left out; the table keeps every row."""
+    names = {p["method"] for p in points}
+    return [p for p in points
+            if not p["method"].startswith("mc_dropout (mean)")
+            and (p["method"] in ("softmax", "sngp") or f"{p['method']} + TS" not in names)]
 
 
 def pareto_front(points: list[dict], key: str, higher: bool) -> list[str]:

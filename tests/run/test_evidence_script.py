@@ -219,3 +219,13 @@ def test_goal_table_takes_the_costs_of_one_benchmark_run(tmp_path):
     assert "4.0× ✗" in rows["unit"] and "not met" in rows["unit"]       # 16 / 4, not 1 / 1
     assert "1.1× ✓" in rows["unit (mean)"] and "**met**" in rows["unit (mean)"]
     assert "recorded cost" in evidence.goal_table(runs, ["softmax + TS"], "acc", "oos")
+
+
+def test_figure_points_draw_tempered_rows():
+    evidence = _evidence()
+    names = ["softmax", "softmax + TS", "softmax + LLA", "sngp", "sngp + TS", "cgpt", "cgpt + TS",
+             "cgpt (mean)", "cgpt (mean) + TS", "mc_dropout (mean)", "mc_dropout (mean) + TS",
+             "no_ts"]
+    shown = [p["method"] for p in evidence.figure_points([{"method": n} for n in names])]
+    assert shown == ["softmax", "softmax + TS", "softmax + LLA", "sngp", "sngp + TS",
+                     "cgpt + TS", "cgpt (mean) + TS", "no_ts"]
