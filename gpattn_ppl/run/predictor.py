@@ -63,7 +63,9 @@ class Predictor:
         :param seed: seeds the passes, so a call is reproducible (the global RNG is untouched).
         :param mean: one pass at the units' posterior means (MC dropout off; ``T = 1``, no
             mutual information) instead of ``samples`` draws (default: the run's
-            ``eval.predictive``). The temperature is the one the run's evaluation fitted.
+            ``eval.predictive``, unless ``samples`` is given). The temperature is the one the
+            run's evaluation fitted.
+        :raises ValueError: ``mean=True`` with ``samples``.
         """
         from ..infer import predict
 
@@ -71,6 +73,10 @@ class Predictor:
             raise TypeError("inputs must be a list of texts (got one str; wrap it in a list)")
         if len(inputs) == 0:
             raise ValueError("inputs is empty")
+        if mean and samples is not None:
+            raise ValueError("mean=True is one pass; it takes no samples")
+        if mean is None:   # asked-for samples are MC passes, whatever the run's default
+            mean = samples is None and self.config["eval"]["predictive"] == "mean"
         T = self.config["eval"]["mc_samples"] if samples is None else int(samples)
         if T < 1:
             raise ValueError(f"samples must be >= 1, got {T}")
@@ -78,8 +84,6 @@ class Predictor:
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            if mean is None:
-                mean = self.config["eval"]["predictive"] == "mean"
             out = predict(self.program, dataset, num_samples=T, batch_size=batch_size,
                           device=self.device, precision=self.config["train"]["precision"],
                           mean=mean)
@@ -94,17 +98,17 @@ class Predictor:
         """
         p = self.predict_proba(inputs, samples=samples, batch_size=batch_size, seed=seed,
                                mean=mean)
-        mean = p.mean(0)
-        entropy = -torch.special.xlogy(mean, mean).sum(-1)
+        p_bar = p.mean(0)
+        entropy = -torch.special.xlogy(p_bar, p_bar).sum(-1)
         if p.shape[0] > 1:
             mi = (entropy + torch.special.xlogy(p, p).sum(-1).mean(0)).clamp_min(0.0)
         else:
             mi = None
-        msp, pred = mean.max(-1)
-        return [{"probs": {c: float(v) for c, v in zip(self.classes, mean[i].tolist())},
+        msp, pred = p_bar.max(-1)
+        return [{"probs": {c: float(v) for c, v in zip(self.classes, p_bar[i].tolist())},
                  "pred": self.classes[int(pred[i])], "entropy": float(entropy[i]),
                  "mutual_info": None if mi is None else float(mi[i]), "msp": float(msp[i])}
-                for i in range(len(mean))]
+                for i in range(len(p_bar))]
 
 
 def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu",

@@ -123,6 +123,12 @@ def test_stochastic_run_mutual_information_and_seeding(tmp_path):
     m = predictor.predict_proba(texts, mean=True)
     assert m.shape == (1, 3, 2) and torch.equal(m, predictor.predict_proba(texts, mean=True, seed=1))
     assert all(r["mutual_info"] is None for r in predictor.predict(texts, mean=True))
+    with pytest.raises(ValueError, match="one pass"):
+        predictor.predict_proba(texts, mean=True, samples=4)
+    predictor.config["eval"]["predictive"] = "mean"       # a run whose default is the mean
+    assert predictor.predict_proba(texts).shape == (1, 3, 2)
+    assert predictor.predict_proba(texts, samples=4).shape == (4, 3, 2)   # asked-for draws
+    predictor.config["eval"]["predictive"] = "mc"
     assert predictor.program.net.mc_dropout
     predictor.program.net.set_mc_dropout(False)
     torch.testing.assert_close(predictor.predict_proba(texts), m, rtol=0, atol=0)
