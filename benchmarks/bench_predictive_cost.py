@@ -27,23 +27,19 @@ import time
 
 import torch
 
-from gpattn_ppl.infer import PyroProgram, predict
-from gpattn_ppl.run.assembly import build_net, load_bundle
+from gpattn_ppl.infer import predict
+from gpattn_ppl.run.assembly import load_bundle
 from gpattn_ppl.run.benchmarking import write_json
-from gpattn_ppl.run.runfolder import open_run
+from gpattn_ppl.run.predictor import load_run
 
 
 def load(run_dir: str):
-    """The run's Pyro program (``best.pt`` weights), its data bundle, ``eval.mc_samples`` and
-    evaluation batch size."""
-    folder = open_run(run_dir)
-    cfg = dict(folder.config)
-    net = build_net(cfg, folder.manifest["sizes"])
-    folder.load_weights(net, "best.pt", map_location="cpu")
-    net.eval()
-    program = PyroProgram(net, 1, cfg["train"]["objective"], mode=cfg["train"]["mode"],
-                          total_epochs=cfg["train"]["epochs"])
-    return program, load_bundle(cfg), cfg["eval"]["mc_samples"], cfg["data"]["eval_batch_size"]
+    """The run's Pyro program (``best.pt`` weights, :func:`~gpattn_ppl.run.predictor.load_run`),
+    its data bundle, ``eval.mc_samples`` and evaluation batch size."""
+    predictor = load_run(run_dir, temperature=False)
+    cfg = predictor.config
+    return (predictor.program, load_bundle(cfg), cfg["eval"]["mc_samples"],
+            cfg["data"]["eval_batch_size"])
 
 
 def main() -> None:
@@ -69,25 +65,25 @@ def main() -> None:
         for mode in ("mc", "mean"):
             if mode == "mean" and not program.net.stochastic:
                 continue   # a deterministic network has one predictive
-            jobs[(name, mode)] = (program, test, T, bs, mode)
+            jobs[(name, mode)] = (program, test, T, bs, mode)      # T: MC passes
         if name == args.laplace:
             from gpattn_ppl.run.laplace import fit_last_layer_laplace
 
             fit = bundle.train.subset(torch.arange(min(args.laplace_fit, len(bundle.train))))
             lla = fit_last_layer_laplace(program.net, fit, prior=1.0, batch_size=bs)
-            jobs[(name, "lla")] = (program, test, lla, bs, "lla")
+            jobs[(name, "lla")] = (program, test, lla, bs, "lla")  # the fitted predictive
 
     def run(job) -> float:
         from gpattn_ppl.run.laplace import head_features
 
-        program, test, T, bs, mode = job
+        program, test, arg, bs, mode = job
         t0 = time.perf_counter()
         with torch.random.fork_rng():
             torch.manual_seed(0)
             if mode == "lla":
-                T.predict(*head_features(program.net, test, batch_size=bs), batch_size=bs)
+                arg.predict(*head_features(program.net, test, batch_size=bs), batch_size=bs)
             else:
-                predict(program, test, num_samples=T, batch_size=bs, mean=mode == "mean")
+                predict(program, test, num_samples=arg, batch_size=bs, mean=mode == "mean")
         return 1e3 * (time.perf_counter() - t0) / len(test)
 
     for job in jobs.values():     # warm-up

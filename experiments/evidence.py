@@ -41,6 +41,7 @@ from gpattn_ppl.run.compare import (
     write_table,
 )
 from gpattn_ppl.run.config import load_config
+from gpattn_ppl.run.rundir import RUN_FILES
 from gpattn_ppl.run.shift_report import (
     format_ood_markdown,
     format_paired_markdown,
@@ -250,15 +251,14 @@ def main(argv: list[str] | None = None) -> None:
                                         task.get("ood_set"))
         (out / "paired_baselines.md").write_text(paired + "\n")
         print(f"\n{paired}")
+    cost = benchmark_costs(args.cost_json) if args.cost_json else None
     if task.get("ood_set") and task.get("baselines"):
         refs = [b for b in ("softmax + TS", "softmax + LLA") if b in task["baselines"]]
-        cost = benchmark_costs(args.cost_json) if args.cost_json else None
         goal = goal_table(runs, refs, task["metric"], task["ood_set"], cost=cost)
         (out / "goal.md").write_text(goal + "\n")
         print(f"\n{goal}")
     if task.get("ood_set"):
-        points = figure_points(pareto_points(
-            runs, task["ood_set"], benchmark_costs(args.cost_json) if args.cost_json else None))
+        points = figure_points(pareto_points(runs, task["ood_set"], cost))
         if points:
             print(f"\nPareto figure: {pareto_figure(points, out / 'pareto.png', args.task)}")
     if "softmax" in runs:
@@ -267,9 +267,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{per_seed}")
 
 
-#: the files of a finished run an evaluation reads (RUN_FILES less last.pt and predictions.pt)
-_EVAL_FILES = ("config.yaml", "run.json", "encoder.json", "best.pt", "log.csv", "history.json",
-               "results.json", "calibration.json", "swap.json")
+#: the files of a finished run an evaluation reads (every run file but these two)
+_EVAL_FILES = tuple(f for f in RUN_FILES if f not in ("last.pt", "predictions.pt"))
 
 
 def mean_predictive_runs(out: Path, method: str, seeds: list[int]) -> list[dict]:
@@ -282,10 +281,10 @@ def mean_predictive_runs(out: Path, method: str, seeds: list[int]) -> list[dict]
     results = []
     for s in seeds:
         src, dst = out / method / f"seed{s}", out / "_mean" / method / f"seed{s}"
-        done = dst / "results.json"
-        if done.exists() and json.loads(done.read_text()).get("eval", {}).get(
-                "predictive") == "mean":
-            results.append(json.loads(done.read_text()))
+        done = json.loads((dst / "results.json").read_text()) \
+            if (dst / "results.json").exists() else {}
+        if done.get("eval", {}).get("predictive") == "mean":
+            results.append(done)
             continue
         dst.mkdir(parents=True, exist_ok=True)
         for name in _EVAL_FILES:
@@ -403,10 +402,13 @@ def paired_baselines_table(runs: dict[str, list[dict]], baselines: list[str], me
     return "\n".join(lines)
 
 
-def _test_ms(method: str, r: dict) -> float | None:
+def _test_ms(method: str, r: dict, cost: dict[str, float] | None = None) -> float | None:
     """Test ms per example with every MC pass of one run of a table row: a ``+ LLA`` run dict
     has the Laplace results laid over it, its own predictive's cost included; ``+ TS`` costs
-    what its method does."""
+    what its method does. With ``cost`` (one benchmark run's, :func:`benchmark_costs`) the
+    row's benchmarked cost instead (None if it was not benchmarked)."""
+    if cost is not None:
+        return cost.get(method.removesuffix(" + TS"))
     if method.endswith(" + LLA"):
         return r.get("predict_ms_per_example")
     return (r.get("cost") or {}).get("predict_ms_per_example")
@@ -423,9 +425,9 @@ def goal_table(runs: dict[str, list[dict]], references: list[str], metric: str,
     each reference on the means over seeds: ``metric`` at least the reference's, lower NLL and
     ECE, higher OOD AUROC (maximum probability on ``ood_set``), at most ``cost_ratio`` times
     the reference's test ms per example (every MC pass)? Rows of ``baselines`` (with their
-    ``+ TS`` and ``(mean)`` rows), ``+ LLA`` rows and ensembles are left out. Each cell gives the difference
-    (cost: the ratio) and ✓ / ✗; the last column says whether every criterion holds. Means
-    only, not a test: the paired tests are in ``paired_baselines.md``.
+    ``+ TS`` and ``(mean)`` rows), ``+ LLA`` rows and ensembles are left out. Each cell gives
+    the difference (cost: the ratio) and ✓ / ✗; the last column says whether every criterion
+    holds. Means only, not a test: the paired tests are in ``paired_baselines.md``.
 
     :param cost: test ms per example by row name (``+ TS`` rows cost what their method does),
         measured in one benchmark run (:func:`benchmark_costs`); default: each run's own
@@ -437,9 +439,7 @@ def goal_table(runs: dict[str, list[dict]], references: list[str], metric: str,
     def means(method):
         vals = [_paired_values(r, metric, ood_set) for r in rows[method]]
         out = {m: [v[m] for v in vals] for m in names}
-        out["ms"] = [_test_ms(method, r) for r in rows[method]]
-        if cost is not None:
-            out["ms"] = [cost.get(method.removesuffix(" + TS"))]
+        out["ms"] = [_test_ms(method, r, cost) for r in rows[method]]
         return {k: statistics.fmean(v) if v and None not in v else None for k, v in out.items()}
 
     source = "one benchmark run" if cost is not None else "each run's recorded cost"
@@ -500,8 +500,7 @@ def pareto_points(runs: dict[str, list[dict]], ood_set: str,
     for method, results in with_posthoc_rows(runs).items():
         if method.startswith("deep ensemble"):
             continue
-        ms = [_test_ms(method, r) if cost is None else cost.get(method.removesuffix(" + TS"))
-              for r in results]
+        ms = [_test_ms(method, r, cost) for r in results]
         vals = [_paired_values(r, "nll", ood_set) for r in results]
         auroc = [v.get("OOD AUROC (MSP)") for v in vals]
         nll = [v["nll"] for v in vals]
