@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="restrict the test set to examples of at most this many tokens")
     p.add_argument("--out", help="write the result as JSON here")
     args = p.parse_args(argv)
+    unfinished = [str(d) for d in args.runs if not (d / "predictions.pt").is_file()]
+    if unfinished:   # checked before the data loads: a run still training has no predictions
+        p.error(f"no predictions.pt in {', '.join(unfinished)} (an unfinished run, or not a run "
+                "folder?)")
     bundle = load_bundle(load_config(args.config, args.overrides))
     result = length_baseline(bundle)
     for name, r in result.items():

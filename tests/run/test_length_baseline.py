@@ -46,3 +46,15 @@ def test_restricted_auroc_rescores_saved_predictions(tmp_path):
     assert r["mutual_info"]["all"] == pytest.approx(0.5)     # equal passes: MI 0 everywhere
     with pytest.raises(ValueError, match="3 test predictions but 2 test lengths"):
         _module().restricted_auroc(tmp_path, torch.tensor([100, 90]), "cr", [50])
+
+
+def test_runs_without_predictions_are_refused_before_the_data_loads(tmp_path, capsys):
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / "predictions.pt").write_bytes(b"")
+    (tmp_path / "training").mkdir()
+    with pytest.raises(SystemExit):
+        _module().main(["no-such-config.yaml", "--runs", str(tmp_path / "done"),
+                        str(tmp_path / "training")])
+    err = capsys.readouterr().err
+    assert f"no predictions.pt in {tmp_path / 'training'}" in err
+    assert str(tmp_path / "done") + "," not in err          # only the unfinished one is named
