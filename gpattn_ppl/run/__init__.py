@@ -58,7 +58,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "explain": ("explain_sentence",),
     "evaluate": ("check_ood_names", "evaluate_laplace", "evaluate_model",
                  "evaluate_predictions", "temper"),
-    "laplace": ("HESSIANS", "LINKS", "PRIOR_GRID", "LastLayerLaplace", "centred_covariance",
+    "laplace": ("HESSIANS", "LINKS", "PRIOR_BOUNDS", "PRIOR_GRID", "LastLayerLaplace", "centred_covariance",
                 "fit_last_layer_laplace",
                 "head_features", "laplace_predictions"),
     "output": ("dumps", "strict", "summary"),

@@ -380,6 +380,29 @@ def test_the_kron_closed_form_is_laplace_torchs_jacobian_path(bias):
     torch.testing.assert_close(var, var_ref.detach(), rtol=1e-4, atol=1e-6)
 
 
+def test_the_validation_prior_follows_a_falling_nll_past_the_grid(trained, monkeypatch):
+    """Where the grid's best is one of its ends, the selection walks on in quarter decades
+    until the validation NLL rises again: the chosen value is a local minimum of the NLL,
+    whichever end of a grid too narrow the minimum lies beyond."""
+    from gpattn_ppl.run import laplace
+
+    net, _, bundle = trained
+    tr, va = head_features(net, bundle.train), head_features(net, bundle.val)
+    wide = fit_last_layer_laplace(net, bundle.train, prior="val", features=tr, val=va)
+    star = wide.prior_precision
+    assert star not in (laplace.PRIOR_GRID[0], laplace.PRIOR_GRID[-1])   # interior here
+    step = 10.0 ** 0.25
+    for grid in ((star * step ** 3, star * step ** 4), (star / step ** 4, star / step ** 3)):
+        monkeypatch.setattr(laplace, "PRIOR_GRID", grid)
+        lla = fit_last_layer_laplace(net, bundle.train, prior="val", features=tr, val=va)
+        taus = sorted(lla.prior_scores)
+        assert len(taus) > 2 and (min(taus) < min(grid) or max(taus) > max(grid))
+        assert lla.prior_scores[lla.prior_precision] == min(lla.prior_scores.values())
+        i = taus.index(lla.prior_precision)
+        assert 0 < i < len(taus) - 1            # walked to a point with a worse one beyond
+        assert lla.prior_precision == pytest.approx(star, rel=1e-6)
+
+
 def test_the_validation_prior_is_the_grid_value_of_lowest_validation_nll(trained):
     from gpattn_ppl.run.laplace import PRIOR_GRID
 
