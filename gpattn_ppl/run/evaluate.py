@@ -73,10 +73,11 @@ def evaluate_laplace(net, bundle, cfg: dict, device, names: list[str]) -> tuple[
     ``cfg["eval"]``) on the test and OOD sets ``names``, as :func:`evaluate_predictions`
     reports ``"ts"``.
 
-    :returns: ``({"prior_precision", "link", "samples", "hessian", "fitted_on": "train",
-        "features": "posterior_mean", "n_train", "fit_seconds", "predict_seconds",
-        "predict_ms_per_example", "val_nll_map", "val_nll", "test", "ood"}, warnings)``; ``val_nll_map`` is the NLL on
-        the validation split of the softmax of the same (posterior-mean) network's head.
+    :returns: ``({"prior_precision", "prior_method", "val_nll_by_prior", "link", "samples",
+        "hessian", "fitted_on": "train", "features": "posterior_mean", "n_train",
+        "fit_seconds", "predict_seconds", "predict_ms_per_example", "val_nll_map", "val_nll",
+        "test", "ood"}, warnings)``; ``val_nll_map`` is the NLL on the validation split of the
+        softmax of the same (posterior-mean) network's head.
     """
     from .laplace import laplace_predictions
 

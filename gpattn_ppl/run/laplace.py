@@ -161,6 +161,8 @@ class LastLayerLaplace:
         self.prior_precision, self.warnings, self.fit_seconds = prior_precision, caught, fit_seconds
         #: how the prior precision was set: ``val``, ``marglik`` or ``fixed``
         self.prior_method = "fixed"
+        #: ``val`` only: the validation NLL of every prior precision tried, ascending
+        self.prior_scores: dict[float, float] = {}
 
     @torch.enable_grad()  # laplace-torch's Jacobians of the head take autograd
     def predict(self, features: torch.Tensor, labels: torch.Tensor, *, batch_size: int = 256,
@@ -260,8 +262,10 @@ class LastLayerLaplace:
         self.prior_scores = dict(sorted(scores.items()))
 
     def summary(self) -> dict:
-        """What ``results.json`` records of the fit."""
+        """What ``results.json`` records of the fit (``val_nll_by_prior``: the selection's
+        evidence, ``[[prior precision, validation NLL], ...]``; empty unless ``val``)."""
         return {"prior_precision": self.prior_precision, "prior_method": self.prior_method,
+                "val_nll_by_prior": [[t, v] for t, v in self.prior_scores.items()],
                 "link": self.link,
                 "samples": self.samples if self.link == "mc" else 1,
                 "hessian": self.hessian, "fitted_on": "train",

@@ -412,6 +412,8 @@ def test_the_validation_prior_is_the_grid_value_of_lowest_validation_nll(trained
     assert lla.prior_method == "val" and lla.summary()["prior_method"] == "val"
     assert set(lla.prior_scores) == set(PRIOR_GRID)
     assert lla.prior_scores[lla.prior_precision] == min(lla.prior_scores.values())
+    # results.json records the selection's evidence, in ascending prior precision
+    assert lla.summary()["val_nll_by_prior"] == sorted(map(list, lla.prior_scores.items()))
     marg = fit_last_layer_laplace(net, bundle.train, prior="marglik", features=tr)
 
     def nll(m):
