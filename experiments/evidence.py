@@ -129,13 +129,15 @@ TASKS: dict[str, dict] = {
     },
     "imdb_finetune": {   # IMDB -> CR, pretrained encoder
         "methods": {m: IMDB_FT / f"{m}.yaml" for m in (
-            "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel")},
+            "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel",
+            "cgpt_last2")},   # cgpt_last2: CGPT in the last two layers
         "settings": [],
         "ensemble": 0,
         "about": "IMDB (ID) -> CR (OOD), all-MiniLM-L6-v2 fine-tuned end to end, reduced for 2 "
                  "CPU cores: 5,000 training reviews, 2,000-review validation and test subsets, "
                  "128 word pieces, batch 32, 2 epochs (AdamW: units and head 5e-4, encoder "
-                 "3e-5); each unit swapped into the last layer; softmax also + LLA",
+                 "3e-5); each unit swapped into the last layer (cgpt_last2: the last two); "
+                 "softmax also + LLA",
         "metric": "acc",
         "ood_set": "cr",
         "ood_accuracy": True,
@@ -143,7 +145,8 @@ TASKS: dict[str, dict] = {
     },
     "cola_finetune": {   # units swapped into a pretrained encoder
         "methods": {m: FINETUNE / f"{m}.yaml" for m in (
-            "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel")},
+            "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel",
+            "cgpt_last2")},   # cgpt_last2: CGPT in the last two layers
         "ood_set": "cola_ood",
         "baselines": ["softmax + TS", "softmax + LLA", "sngp", "sngp + TS"],
         "settings": [],
@@ -151,7 +154,7 @@ TASKS: dict[str, dict] = {
         "match_epochs": True,   # epochs each unit needs to reach the host's validation MCC
         "about": "CoLA official protocol, all-MiniLM-L6-v2 fine-tuned end to end (max 64 word "
                  "pieces, batch 32, 3 epochs, AdamW: units and head 5e-4, encoder 3e-5); each "
-                 "unit swapped into the last layer, initialised from it",
+                 "unit swapped into the last layer (cgpt_last2: the last two), initialised from it",
         "metric": "mcc",
     },
 }
