@@ -45,6 +45,7 @@ import warnings
 import torch
 from torch import nn
 
+from ..metrics import negative_log_likelihood
 from ..schema import ConfigError
 from ..settings import posterior_mean
 
@@ -242,7 +243,7 @@ class LastLayerLaplace:
             self.la.prior_precision = tau
             gen = torch.Generator().manual_seed(0)
             p = self.predict(features, labels, batch_size=batch_size, generator=gen)["probs"]
-            return float(-p.mean(0).clamp_min(1e-300).log().gather(1, labels[:, None]).mean())
+            return negative_log_likelihood(p, labels)   # the NLL the results report
 
         scores = {tau: score(tau) for tau in PRIOR_GRID}
         best = min(scores, key=scores.__getitem__)
@@ -255,8 +256,10 @@ class LastLayerLaplace:
                     break
                 best = edge = tau
         if best in PRIOR_BOUNDS:
-            warnings.warn(f"last-layer Laplace: the validation NLL still falls at the prior "
-                          f"precision bound {best:g}; the selection stops there", stacklevel=2)
+            message = (f"eval.laplace: the validation NLL still falls at the prior precision "
+                       f"bound {best:g}; the selection stops there")
+            self.warnings.append(message)   # recorded in results.json with the fit's own
+            warnings.warn(message, stacklevel=2)
         self.la.prior_precision = best
         self.prior_precision = best
         self.prior_scores = dict(sorted(scores.items()))

@@ -403,6 +403,31 @@ def test_the_validation_prior_follows_a_falling_nll_past_the_grid(trained, monke
         assert lla.prior_precision == pytest.approx(star, rel=1e-6)
 
 
+
+def test_a_selection_stopped_at_a_prior_bound_is_recorded_in_the_fit_warnings(trained,
+                                                                              monkeypatch):
+    """A validation NLL still falling at :data:`PRIOR_BOUNDS` stops the walk there with a
+    warning that also lands in ``lla.warnings`` (what ``results.json`` records)."""
+    from gpattn_ppl.run import laplace
+
+    net, _, bundle = trained
+    tr, va = head_features(net, bundle.train), head_features(net, bundle.val)
+    star = fit_last_layer_laplace(net, bundle.train, prior="val", features=tr,
+                                  val=va).prior_precision
+    step = 10.0 ** 0.25
+    grid = (star / step ** 8, star / step ** 7)          # both below the minimum
+    bound = float(10.0 ** (round(4 * math.log10(grid[-1])) / 4 + 0.5))   # two steps on
+    monkeypatch.setattr(laplace, "PRIOR_GRID", grid)
+    monkeypatch.setattr(laplace, "PRIOR_BOUNDS", (1e-12, bound))
+    with pytest.warns(UserWarning, match="still falls at the prior precision bound"):
+        lla = fit_last_layer_laplace(net, bundle.train, prior="val", features=tr, val=va)
+    assert lla.prior_precision == pytest.approx(bound, rel=1e-9)
+    assert any("still falls at the prior precision bound" in w for w in lla.warnings)
+    # an interior minimum leaves no such warning
+    monkeypatch.setattr(laplace, "PRIOR_BOUNDS", (1e-12, 1e12))
+    lla = fit_last_layer_laplace(net, bundle.train, prior="val", features=tr, val=va)
+    assert not any("bound" in w for w in lla.warnings)
+
 def test_the_validation_prior_is_the_grid_value_of_lowest_validation_nll(trained):
     from gpattn_ppl.run.laplace import PRIOR_GRID
 
