@@ -239,8 +239,10 @@ def main(argv: list[str] | None = None) -> None:
     (out / "cost.md").write_text(cost + "\n")
     print(f"\n{cost}")
     if task.get("match_epochs") and "softmax" in runs:
-        match = epochs_to_match(out, [m for m in runs if m != "softmax"   # (mean): same curve
-                                      and not m.endswith(" (mean)")], args.seeds)
+        # the (mean) rows share their runs' curves; an ensemble has no training curve
+        match = epochs_to_match(out, [m for m in runs if m != "softmax"
+                                      and not m.endswith(" (mean)")
+                                      and not m.startswith("deep ensemble")], args.seeds)
         (out / "epochs_to_match.md").write_text(match + "\n")
         print(f"\n{match}")
     if task.get("ood_accuracy"):

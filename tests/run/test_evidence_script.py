@@ -65,14 +65,17 @@ def test_ood_accuracy_table_has_every_labelled_ood_set():
     assert lines[3] == "| h_sto_trans | 2 | 0.750 ± 0.071 | 2.0e-02 | 0.625 ± 0.035 | 6.0e-02 |"
 
 
-def test_ensemble_seeds_gives_one_ensemble_of_the_first_seeds(tmp_path, capsys):
+def test_ensemble_seeds_gives_one_ensemble_of_the_first_seeds(tmp_path, capsys, monkeypatch):
     evidence = _evidence()
+    # as in cola_finetune: the epochs-to-match table, which an ensemble (no curve) stays out of
+    monkeypatch.setitem(evidence.TASKS["cola"], "match_epochs", True)
     args = ["cola", "--out", str(tmp_path), "--seeds", "0", "1", "--ensemble", "2",
             "--methods", "softmax", "--set", "train.epochs=1", "train.warmup_epochs=0",
             "data.limit_train=64", "data.limit_eval=32", "model.dim=16", "model.mlp_dim=16"]
     evidence.main(args + ["--ensemble-seeds", "2"])
     table = (tmp_path / "results.md").read_text()
     assert "| deep ensemble (2) | 1 | " in table           # one ensemble: seeds 0 and 1
+    assert "ensemble" not in (tmp_path / "epochs_to_match.md").read_text()
     assert sorted(p.name for p in (tmp_path / "softmax").iterdir()) == ["seed0", "seed1"]
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
