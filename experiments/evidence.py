@@ -179,6 +179,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="also evaluate every stochastic method's finished runs with one pass at "
                         "the posterior mean (eval.predictive=mean, on copies under "
                         "OUT/_mean/) and add their rows as '<method> (mean)'")
+    p.add_argument("--mean-trained", nargs="+", default=[], metavar="METHOD",
+                   help="methods trained with eval.predictive=mean (their validation and test "
+                        "predictive the one pass at the posterior mean, for a third of the MC "
+                        "evaluation's time; training is the same): their runs are reused with "
+                        "that setting and their rows are '<method> (mean)'")
     p.add_argument("--cost-json", default=None, metavar="PATH",
                    help="test costs for the goal table from one run of "
                         "benchmarks/bench_predictive_cost.py (default: each run's recorded "
@@ -193,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             p.error(f"unknown method(s) {unknown}; allowed: {', '.join(methods)}")
         methods = {m: methods[m] for m in args.methods}
+    if bad := sorted(set(args.mean_trained) - (set(methods) - {"softmax", "sngp"})):
+        p.error(f"--mean-trained {bad}: not among this run's stochastic methods")
     out = Path(args.out)
     overrides = task["settings"] + args.overrides
 
@@ -220,13 +227,16 @@ def main(argv: list[str] | None = None) -> None:
                 dirs, [results[s] for s in seeds], cfg, k)[:len(args.seeds)]
     others = [m for m in methods if m != "softmax"]
     if others:
-        run_compare([config(m) for m in others], args.seeds, out, names=others, progress=False)
+        mean = ["eval.predictive=mean"]
+        run_compare([config(m, mean if m in args.mean_trained else []) for m in others],
+                    args.seeds, out, names=others, progress=False)
         for m in others:
-            runs[m] = [json.loads((out / m / f"seed{s}" / "results.json").read_text())
-                       for s in args.seeds]
+            runs[m + (" (mean)" if m in args.mean_trained else "")] = [
+                json.loads((out / m / f"seed{s}" / "results.json").read_text())
+                for s in args.seeds]
     if args.mean_predictive:
         for m in [m for m in runs if m not in ("softmax", "sngp")
-                  and not m.startswith("deep ensemble")]:
+                  and not m.startswith("deep ensemble") and not m.endswith(" (mean)")]:
             runs[f"{m} (mean)"] = mean_predictive_runs(out, m, args.seeds)
     order = ["softmax", f"deep ensemble ({args.ensemble})", "mc_dropout"]
     runs = {m: runs[m] for m in order if m in runs} | {m: r for m, r in runs.items()

@@ -65,6 +65,29 @@ def test_ood_accuracy_table_has_every_labelled_ood_set():
     assert lines[3] == "| h_sto_trans | 2 | 0.750 ± 0.071 | 2.0e-02 | 0.625 ± 0.035 | 6.0e-02 |"
 
 
+
+@pytest.mark.filterwarnings("ignore::gpattn_ppl.errors.NumericsWarning")
+def test_mean_trained_runs_are_reused_under_their_mean_rows(tmp_path, capsys):
+    """Runs trained with ``eval.predictive=mean`` are the ``<method> (mean)`` rows, reused with
+    that setting (not retrained, not re-evaluated by ``--mean-predictive``)."""
+    evidence = _evidence()
+    toy = ["train.epochs=1", "train.warmup_epochs=0", "data.limit_train=64",
+           "data.limit_eval=32", "model.dim=16", "model.mlp_dim=16", "eval.mc_samples=2"]
+    base = ["cola", "--out", str(tmp_path), "--seeds", "0", "--ensemble", "0"]
+    evidence.main(base + ["--methods", "kep_svgp", "--set", *toy, "eval.predictive=mean"])
+    run = tmp_path / "kep_svgp" / "seed0" / "results.json"
+    stamp = run.stat().st_mtime_ns
+    evidence.main(base + ["--methods", "softmax", "kep_svgp", "--mean-trained", "kep_svgp",
+                          "--mean-predictive", "--set", *toy])
+    rows = [line.split(" | ")[0].lstrip("| ")
+            for line in (tmp_path / "results.md").read_text().splitlines()[2:]]
+    assert rows == ["softmax", "softmax + TS", "kep_svgp (mean)"]
+    assert run.stat().st_mtime_ns == stamp and not (tmp_path / "_mean").exists()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        evidence.main(base + ["--methods", "softmax", "--mean-trained", "softmax"])
+    assert exc.value.code == 2 and "--mean-trained ['softmax']" in capsys.readouterr().err
+
 def test_ensemble_seeds_gives_one_ensemble_of_the_first_seeds(tmp_path, capsys, monkeypatch):
     evidence = _evidence()
     # as in cola_finetune: the epochs-to-match table, which an ensemble (no curve) stays out of
