@@ -146,7 +146,8 @@ TASKS: dict[str, dict] = {
     "cola_finetune": {   # units swapped into a pretrained encoder
         "methods": {m: FINETUNE / f"{m}.yaml" for m in (
             "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel",
-            "cgpt_last2")},   # cgpt_last2: CGPT in the last two layers
+            "cgpt_last2", "cgpt_last2_per_layer")},   # CGPT in the last two layers;
+        # *_per_layer: the fifth layer's CGP term with its own weight
         "ood_set": "cola_ood",
         "baselines": ["softmax + TS", "softmax + LLA", "sngp", "sngp + TS"],
         "settings": [],

@@ -109,6 +109,10 @@ class AttentionUnit(nn.Module):
         #: module path of the unit in its model (``"blocks.1.attn"``), set by the model; prefixes
         #: the unit's Pyro site names and its error messages
         self.site_prefix = ""
+        #: weights of this unit's objective terms replacing ``train.objective``'s for it alone
+        #: (config key -> number or schedule spec, e.g. ``{"cgp_alpha": 1e-5}``); set by the
+        #: model from a ``model.swap`` / ``model.overrides`` entry's ``objective``
+        self.objective_weights: dict = {}
         self._terms: dict[str, torch.Tensor] = {}
 
     # -- contract -----------------------------------------------------------------------------

@@ -37,11 +37,12 @@ from .fit import (
 )
 from .precision import PRECISIONS, autocast, grad_scaler
 from .predictive import predict, program_pass
-from .program import PyroProgram
+from .program import PyroProgram, unit_schedules
 from .variance_budget import q_at_prior, set_q_to_prior, stochastic_units, variance_budget
 
 __all__ = ["CheckpointError", "LOSS_RANGE", "PRECISIONS", "PyroProgram", "TERM_HINTS", "TERM_RATIO",
            "UnsafeCheckpointError", "WARM_START_MIN_SHARE", "atomic_write", "autocast", "epoch_clock", "fit_epoch", "grad_scaler", "init_from",
            "load_checkpoint", "load_predictions", "load_pt", "lr_lambda",
            "objective_checks", "predict", "program_pass", "q_at_prior", "rng_state",
-           "save_atomic", "set_q_to_prior", "set_rng_state", "stochastic_units", "variance_budget"]
+           "save_atomic", "set_q_to_prior", "set_rng_state", "stochastic_units", "unit_schedules",
+           "variance_budget"]

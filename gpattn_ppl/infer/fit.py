@@ -107,8 +107,9 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
         ``backward``, the gradients unscaled before clipping, and a step with overflowing
         gradients skipped (one more host read per step).
     :returns: ``{"loss": mean loss, "nll": mean cross-entropy, "term/<name>": mean of each
-        objective term, "checked_reruns": steps re-run with the checks on}`` (``nll`` when the
-        program records it).
+        objective term (unweighted), "share/<name>": its mean weighted per-datum share of the
+        loss (weight x term, a global term also divided by N_data), "checked_reruns": steps
+        re-run with the checks on}`` (``nll`` when the program records it).
     :raises DivergenceError: the loss, the logits or the parameters became non-finite; names
         the epoch, the step (1-based) and the term(s) that went non-finite.
     :raises ValueError: ``batches`` is empty.
@@ -185,9 +186,11 @@ def fit_epoch(program: PyroProgram, optimizer: torch.optim.Optimizer, batches: I
     if nll_sum is not None:
         out["nll"] = float(nll_sum) / n_steps
     out.update({f"term/{k}": float(v) / n_steps for k, v in term_sums.items()})
+    out.update({f"share/{k}": float(v) / n_steps for k, v in shares.items()})
     if checks is not False:
         found = objective_checks(out["loss"], out.get("nll"),
-                                 {k: float(v) / n_steps for k, v in shares.items()})
+                                 {k[len("share/"):]: v for k, v in out.items()
+                                  if k.startswith("share/")})
         if isinstance(checks, dict):
             checks.update(found)
         else:
@@ -290,10 +293,15 @@ TERM_HINTS = {
 
 def _hint(name: str) -> str:
     term = name.rsplit(".", 1)[-1].removesuffix("_global")
-    if term in TERM_HINTS:
-        return TERM_HINTS[term]
     key = OBJECTIVE_WEIGHTS.get(term, (None,))[0]
-    return f"lower train.objective.{key}" if key else "lower its weight"
+    if term in TERM_HINTS:
+        hint = TERM_HINTS[term]
+    else:
+        hint = f"lower train.objective.{key}" if key else "lower its weight"
+    if key and "." in name:     # a unit's term: its own weight is the entry's objective
+        hint += (f" (for this unit alone: {key} in the objective of its model.swap or "
+                 "model.overrides entry)")
+    return hint
 
 
 def objective_checks(loss: float, nll: float | None, shares: dict[str, float]) -> dict[str, str]:

@@ -12,9 +12,40 @@ import torch.nn.functional as F
 from pyro.infer import TraceMeanField_ELBO
 from torch import nn
 
-from ..ppl import Schedule, SiteContext, apply_schedules, objective_schedules, site_context
+from ..ppl import (
+    OBJECTIVE_WEIGHTS,
+    Schedule,
+    SiteContext,
+    apply_schedules,
+    build_schedule,
+    objective_schedules,
+    site_context,
+    validate_objective,
+)
 
-__all__ = ["PyroProgram"]
+__all__ = ["PyroProgram", "unit_schedules"]
+
+
+def unit_schedules(net: nn.Module) -> dict[str, dict[str, Schedule]]:
+    """Module path -> {term: weight schedule} of the modules of ``net`` (its attention units)
+    that carry their own ``objective_weights`` (config keys, as ``train.objective``'s:
+    ``{"cgp_alpha": 1e-5}``).
+
+    :raises ValueError: an unknown key or a malformed weight, naming the unit.
+    """
+    term_of = {key: term for term, (key, _) in OBJECTIVE_WEIGHTS.items()}
+    out = {}
+    for path, unit in net.named_modules():
+        own = getattr(unit, "objective_weights", None) or {}
+        if not own:
+            continue
+        try:
+            validate_objective(dict(own))
+        except ValueError as err:
+            raise ValueError(f"{path}: objective_weights: {err}") from None
+        out[path] = {term_of[key]: build_schedule(value, where=f"{path}.{key}")
+                     for key, value in own.items()}
+    return out
 
 
 class PyroProgram:
@@ -66,6 +97,10 @@ class PyroProgram:
         #: what the forward pass calls: the network, or its DistributedDataParallel wrapper
         self.forward_module: nn.Module = net
         self.schedules: dict[str, Schedule] = objective_schedules(objective or {})
+        #: unit path -> {term: schedule} for the units with their own ``objective_weights``
+        #: (replacing :attr:`schedules` for those terms of that unit)
+        self.unit_schedules: dict[str, dict[str, Schedule]] = unit_schedules(net)
+        self._unit_terms_checked = not self.unit_schedules
         self.use_param_store = use_param_store
         self.epoch, self.total_epochs = 0.0, total_epochs
         self.elbo = TraceMeanField_ELBO()
@@ -85,12 +120,34 @@ class PyroProgram:
 
     # -- weights --------------------------------------------------------------------------------
     def weight(self, site: str) -> float:
-        """Current weight of objective term ``site`` (``"blocks.1.attn.kl"`` -> schedule of ``kl``)."""
-        term = site.rsplit(".", 1)[-1].removesuffix("_global")
+        """Current weight of objective term ``site`` (``"blocks.1.attn.kl"`` -> the schedule of
+        ``kl``: the unit ``blocks.1.attn``'s own where it has one, else ``train.objective``'s)."""
+        path, _, term = site.rpartition(".")
+        term = term.removesuffix("_global")
+        own = self.unit_schedules.get(path, {})
+        if term in own:
+            return own[term](self.epoch, self.total_epochs)
         if term not in self.schedules:
             raise KeyError(f"objective term {site!r} has no registered weight; register it with "
                            "gpattn_ppl.ppl.register_objective_term")
         return self.schedules[term](self.epoch, self.total_epochs)
+
+    def _check_unit_terms(self, names) -> None:
+        """On the first training pass: every unit weight given names a term its unit produces
+        (a weight for a term the unit does not have would be ignored silently)."""
+        produced: dict[str, set[str]] = {}
+        for name in names:
+            path, _, term = name.rpartition(".")
+            produced.setdefault(path, set()).add(term.removesuffix("_global"))
+        for path, own in self.unit_schedules.items():
+            missing = sorted(set(own) - produced.get(path, set()))
+            if missing:
+                keys = ", ".join(OBJECTIVE_WEIGHTS[t][0] for t in missing)
+                has = ", ".join(sorted(produced.get(path, ()))) or "none"
+                raise ValueError(f"{path}: objective weight(s) {keys} given for this unit, whose "
+                                 f"objective terms are: {has} (remove them from its entry's "
+                                 "objective)")
+        self._unit_terms_checked = True
 
     def _plate(self, batch_size: int, index: torch.Tensor | None):
         if index is None:
@@ -108,7 +165,10 @@ class PyroProgram:
         if logits.dtype in (torch.bfloat16, torch.float16):  # the likelihood in float32
             logits = logits.float()
         self.last_terms, self.last_scales = {}, {}
-        for name, value in self.net.objective_terms().items():
+        terms = self.net.objective_terms()
+        if not self._unit_terms_checked and self.net.training:
+            self._check_unit_terms(terms)
+        for name, value in terms.items():
             self.last_terms[name] = value.detach().mean()
             w = self.weight(name)
             self.last_scales[name] = w if value.dim() else w / self.num_data

@@ -71,7 +71,12 @@ def assemble_model(model: dict, **fill):
     if m["arch"] == "text":
         if (m["vocab_size"] is None) == (m["feature_dim"] is None):
             raise ConfigError("model: a text model needs exactly one of vocab_size or feature_dim")
-        return TextClassifier(vocab_size=m["vocab_size"], feature_dim=m["feature_dim"],
-                              max_len=m["max_len"], **common)
-    return ViTClassifier(image_size=m["image_size"], patch_size=m["patch_size"],
-                         channels=m["channels"], **common)
+        net = TextClassifier(vocab_size=m["vocab_size"], feature_dim=m["feature_dim"],
+                             max_len=m["max_len"], **common)
+    else:
+        net = ViTClassifier(image_size=m["image_size"], patch_size=m["patch_size"],
+                            channels=m["channels"], **common)
+    for ov in m["overrides"]:           # later entries win, as for the attention specs
+        for b in ov["blocks"]:
+            net.blocks[b % m["depth"]].attn.objective_weights = dict(ov.get("objective") or {})
+    return net

@@ -79,7 +79,9 @@ class HFClassifier(SNGPHostMixin, AttentionHost):
     :param freeze: ``"none"``, ``"embeddings"`` (the embedding layer is not trained) or
         ``"all-but-swapped"`` (only the swapped units and the head are trained).
     :param swap: ``[{"layers": [-1], "attention": {"kind": ..., **options}, "init":
-        "pretrained"}]``, applied in order by :func:`~gpattn_ppl.models.swap_attention`.
+        "pretrained", "objective": {...}}]``, applied in order by
+        :func:`~gpattn_ppl.models.swap_attention`; ``objective`` (optional) sets the
+        entry's units' ``objective_weights``.
     :param dropout: dropout before the head (default: the encoder's hidden dropout).
     :param mc_dropout: keep every dropout active at evaluation (the encoder's ``nn.Dropout``
         modules become :class:`~gpattn_ppl.attention.MCDropout`; BERT's attention-probability
@@ -122,6 +124,9 @@ class HFClassifier(SNGPHostMixin, AttentionHost):
                 if weights is not None and r["init"] == "pretrained":
                     self._pretrained[r["path"]] = weights
                 self.swap_records.append(r)
+            units = self.attention_units()
+            for r in recs:
+                units[r["path"]].objective_weights = dict(entry.get("objective") or {})
         p = getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.1))
         self.dropout = MCDropout(float(p if dropout is None else dropout))
         self.head = self._init_sngp(head, sngp, self.dim, num_classes,

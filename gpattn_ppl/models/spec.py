@@ -280,7 +280,26 @@ def check_attention(spec: Any, where: str) -> dict:
             for key, value in spec.items()}
 
 
-_SWAP_KEYS = ("layers", "attention", "init")
+_SWAP_KEYS = ("layers", "attention", "init", "objective")
+
+
+def check_unit_objective(entry: dict, where: str) -> None:
+    """An entry's optional ``objective``: weights of its units' objective terms, under the keys
+    of ``train.objective`` (``cgp_alpha``, ``kl_weight``, ...), replacing that section's weight
+    for these units only (e.g. one CGP weight per layer, as the step-0 terms of ``swap.json``
+    call for when the layers' terms differ by orders of magnitude)."""
+    from ..ppl.objective import validate_objective
+
+    spec = entry.setdefault("objective", {})
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}.objective: expected a mapping of objective weights "
+                          "(the keys of train.objective), got "
+                          f"{type(spec).__name__}")
+    try:
+        validate_objective(dict(spec))
+    except ValueError as err:
+        raise ConfigError(f"{where}.objective: {err}") from None
+    entry["objective"] = dict(spec)
 
 
 def _check_hf(model: dict) -> None:
@@ -300,7 +319,7 @@ def _check_hf(model: dict) -> None:
         where = f"model.swap[{i}]"
         if not isinstance(entry, dict) or "attention" not in entry:
             raise ConfigError(f"{where}: expected a mapping with the keys layers, attention "
-                              "(and optionally init)")
+                              "(and optionally init, objective)")
         unknown = [k for k in entry if k not in _SWAP_KEYS]
         if unknown:
             raise ConfigError(f"{where}.{unknown[0]}: unknown key; allowed: {', '.join(_SWAP_KEYS)}")
@@ -312,6 +331,7 @@ def _check_hf(model: dict) -> None:
         if init not in ("pretrained", "random"):
             raise ConfigError(f"{where}.init: {init!r} is not allowed; allowed: pretrained, random")
         entry["attention"] = check_attention(entry["attention"], f"{where}.attention")
+        check_unit_objective(entry, where)
 
 
 def check_model(model: dict) -> None:
@@ -333,8 +353,10 @@ def check_model(model: dict) -> None:
     model["overrides"] = [dict(ov) if isinstance(ov, dict) else ov for ov in model["overrides"]]
     for i, ov in enumerate(model["overrides"]):
         where = f"model.overrides[{i}]"
-        if not isinstance(ov, dict) or set(ov) != {"blocks", "attention"}:
-            raise ConfigError(f"{where}: expected a mapping with exactly the keys blocks, attention")
+        if not isinstance(ov, dict) or not {"blocks", "attention"} <= set(ov) <= {
+                "blocks", "attention", "objective"}:
+            raise ConfigError(f"{where}: expected a mapping with the keys blocks, attention "
+                              "(and optionally objective)")
         if not isinstance(ov["blocks"], list) or not all(
                 isinstance(b, int) and not isinstance(b, bool) for b in ov["blocks"]):
             raise ConfigError(f"{where}.blocks: expected a list of block indices (ints)")
@@ -343,6 +365,7 @@ def check_model(model: dict) -> None:
                 raise ConfigError(f"{where}.blocks: index {b} out of range for depth "
                                   f"{model['depth']} (allowed {-model['depth']}..{model['depth'] - 1})")
         ov["attention"] = check_attention(ov["attention"], f"{where}.attention")
+        check_unit_objective(ov, where)
     if model["arch"] == "vit" and model["image_size"] % model["patch_size"]:
         raise ConfigError(f"model.image_size ({model['image_size']}) must be a multiple of "
                           f"model.patch_size ({model['patch_size']})")

@@ -13,6 +13,8 @@ with the per-sequence terms placed inside the data plate and the global ones out
 
 from __future__ import annotations
 
+import math
+
 from .schedules import Schedule, build_schedule
 
 __all__ = ["CGP_ALPHA_RAMP", "KL_WARMUP", "OBJECTIVE_WEIGHTS", "register_objective_term", "validate_objective",
@@ -43,12 +45,18 @@ def register_objective_term(term: str, key: str, default: float | dict = 1.0) ->
 
 
 def validate_objective(spec: dict) -> None:
-    """Raise ``ValueError`` for unknown weight keys or malformed schedules."""
+    """Raise ``ValueError`` for unknown weight keys, malformed schedules, or a weight that is
+    negative or not finite somewhere (a schedule is checked at its ends, between which it is
+    monotone; a negative weight would reward the term it should penalise)."""
     keys = {k for k, _ in OBJECTIVE_WEIGHTS.values()}
     for key, value in spec.items():
         if key not in keys:
             raise ValueError(f"unknown key {key!r}; allowed: {', '.join(sorted(keys))}")
-        build_schedule(value, where=key)
+        sched = build_schedule(value, where=key)
+        for end in (sched.start, sched.end):
+            if not math.isfinite(end) or end < 0:
+                raise ValueError(f"{key}: a weight must be finite and >= 0, got {end} "
+                                 f"(from {value!r})")
 
 
 def objective_schedules(spec: dict) -> dict[str, Schedule]:

@@ -171,7 +171,8 @@ def draw(name: str, q, prior=None, *, local: bool, per_sequence: int | None = No
     if ctx.role == "model" and prior is not None:
         prior = _resolve(prior)
         dist = prior.expand(torch.Size([per_sequence]) + prior.batch_shape) if per_sequence else prior
-    scale = _weight("kl") / (per_sequence or 1)
+    # the KL weight of this site's unit (its own, or train.objective's): "<unit path>.kl"
+    scale = _weight(f"{name.rpartition('.')[0]}.kl".lstrip(".")) / (per_sequence or 1)
     with _weighted(scale):
         if local:
             dist = _to_event(dist, len(dist.batch_shape) - 1)

@@ -483,14 +483,15 @@ class Trainer:
         self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     def _log_tensorboard(self, row: dict) -> None:
-        """One epoch's scalars: the loss and each objective term (``train/``), the learning
+        """One epoch's scalars: the loss, each objective term and its weighted share
+        (``train/``), the learning
         rate, the numerics counters, the validation metrics (``val/``) and the seconds."""
         names = {"loss": "train/loss", "nll": "train/nll", "lr": "train/lr",
                  "seconds": "time/train_seconds", "val_seconds": "time/val_seconds"}
         for key, value in row.items():
             if key == "epoch" or isinstance(value, (bool, list, dict, str)) or value is None:
                 continue
-            tag = names.get(key, f"train/{key}" if key.startswith("term/") else key)
+            tag = names.get(key, f"train/{key}" if key.startswith(("term/", "share/")) else key)
             self._tb.add_scalar(tag, value, row["epoch"])
         self._tb.flush()
 

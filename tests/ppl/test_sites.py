@@ -92,7 +92,7 @@ def test_sites_mode_local_site_in_plate_scaled_by_the_kl_weight(w):
 
     tr = _trace(lambda: draw("blocks.0.attn.u", q, p, local=True), weight=weight)
     site = tr.nodes["blocks.0.attn.u"]
-    assert seen == ["kl"]
+    assert seen == ["blocks.0.attn.kl"]          # the unit's KL weight (its own or the global)
     assert site["fn"].batch_shape == (3,) and site["fn"].event_shape == (4,)
     assert site["scale"] == pytest.approx(w * 30 / 3)          # KL weight x plate scale
     assert any(f.name == "data" for f in site["cond_indep_stack"])

@@ -20,7 +20,7 @@ def test_defaults_and_overrides():
     ({"model": {"attention": {"kind": "nope"}}}, r"model\.attention\.kind: unknown attention kind 'nope'; allowed: .*softmax"),
     ({"model": {"attention": {"kind": "kernel", "kernal": "rbf"}}}, r"model\.attention\.kernal: unknown option for attention kind 'kernel'; allowed: .*kernel"),
     ({"model": {"overrides": [{"blocks": [5], "attention": {"kind": "softmax"}}]}}, r"model\.overrides\[0\]\.blocks: index 5 out of range for depth 2"),
-    ({"model": {"overrides": [{"block": [0], "attention": {"kind": "softmax"}}]}}, r"model\.overrides\[0\]: expected a mapping with exactly the keys blocks, attention"),
+    ({"model": {"overrides": [{"block": [0], "attention": {"kind": "softmax"}}]}}, r"model\.overrides\[0\]: expected a mapping with the keys blocks, attention \(and optionally objective\)"),
     ({"model": {"dim": 10, "heads": 4}}, r"model\.dim \(10\) must be a multiple of model\.heads \(4\)"),
     ({"train": {"objective": {"kl_wieght": 1}}}, r"train\.objective: unknown key 'kl_wieght'"),
     ({"train": {"objective": {"kl_weight": {"kind": "ramp"}}}}, r"unknown schedule 'ramp'"),
