@@ -111,7 +111,8 @@ class AttentionUnit(nn.Module):
         self.site_prefix = ""
         #: weights of this unit's objective terms replacing ``train.objective``'s for it alone
         #: (config key -> number or schedule spec, e.g. ``{"cgp_alpha": 1e-5}``); set by the
-        #: model from a ``model.swap`` / ``model.overrides`` entry's ``objective``
+        #: model from a ``model.swap`` / ``model.overrides`` entry's ``objective`` and read by
+        #: the Pyro program (the ``SwappedTrainer`` weighs by its own ``term_weights``)
         self.objective_weights: dict = {}
         self._terms: dict[str, torch.Tensor] = {}
 

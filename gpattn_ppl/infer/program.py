@@ -134,13 +134,15 @@ class PyroProgram:
 
     def _check_unit_terms(self, names) -> None:
         """On the first training pass: every unit weight given names a term its unit produces
-        (a weight for a term the unit does not have would be ignored silently)."""
+        (a weight for a term the unit does not have would be ignored silently). In sites mode
+        a KL is the ELBO's, from the latent sites, not a reported term: ``kl`` is not checked."""
         produced: dict[str, set[str]] = {}
         for name in names:
             path, _, term = name.rpartition(".")
             produced.setdefault(path, set()).add(term.removesuffix("_global"))
+        unseen = {"kl"} if self.mode == "sites" else set()
         for path, own in self.unit_schedules.items():
-            missing = sorted(set(own) - produced.get(path, set()))
+            missing = sorted(set(own) - produced.get(path, set()) - unseen)
             if missing:
                 keys = ", ".join(OBJECTIVE_WEIGHTS[t][0] for t in missing)
                 has = ", ".join(sorted(produced.get(path, ()))) or "none"

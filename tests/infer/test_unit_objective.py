@@ -106,6 +106,20 @@ def test_a_weight_for_a_term_the_unit_does_not_have_is_refused_on_the_first_trai
         seeded_loss(program)
 
 
+def test_a_kl_weight_is_not_refused_in_sites_mode_where_the_kl_is_the_elbos():
+    """KEP-SVGP's KL is a global latent site in sites mode, not a reported term."""
+    net = text_model([{"blocks": [1], "attention": {"kind": "kep_svgp", "rank": 3},
+                       "objective": {"kl_weight": 0.5}}])
+    net.train()
+    program = PyroProgram(net, num_data=8, mode="sites")
+    seeded_loss(program)
+    assert "blocks.1.attn.kl" not in program.last_terms
+    with pytest.raises(ValueError, match=r"blocks\.1\.attn: objective weight\(s\) kl_weight"):
+        PyroProgram(text_model([{"blocks": [1], "attention": {"kind": "gumbel"},
+                                 "objective": {"kl_weight": 0.5}}]).train(), num_data=8
+                    ).loss(*batch())
+
+
 def test_the_entry_objective_is_validated_with_its_key_path():
     base = {"arch": "text", "dim": 8, "heads": 2, "depth": 2}
     ok = validate_model_spec(dict(base, overrides=[
