@@ -155,24 +155,11 @@ def test_unit_schedules_names_the_unit_of_a_bad_weight():
 
 
 # -- the pretrained encoder: model.swap entries --------------------------------------------------
-WORDS = "the a cat dog sat on mat john mary seems to be happy".split()
+# the tiny 2-layer BERT checkpoint of the HFClassifier tests (one fixture, not a copy)
+from tests.models.test_hf import tiny_checkpoint  # noqa: E402, F401, F811
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_bert_objective")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    transformers.BertTokenizerFast(vocab_file=str(path / "vocab.txt")).save_pretrained(str(path))
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2,
-                                  num_attention_heads=4, intermediate_size=32,
-                                  max_position_embeddings=32)
-    transformers.BertModel(cfg).save_pretrained(str(path))
-    return path
-
-
-def test_swap_entries_carry_their_own_weights_into_the_program(tiny_checkpoint):
+def test_swap_entries_carry_their_own_weights_into_the_program(tiny_checkpoint):  # noqa: F811
     spec = validate_model_spec({"arch": "hf", "checkpoint": str(tiny_checkpoint), "swap": [
         {"layers": [0], "attention": {"kind": "cgpt"}, "objective": {"cgp_alpha": 1e-4}},
         {"layers": [1], "attention": {"kind": "cgpt"}}]})
