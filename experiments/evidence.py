@@ -17,6 +17,7 @@ Usage::
     python experiments/evidence.py imdb_cr --out runs/evidence_imdb_cr     # from the repository root
     python experiments/evidence.py cola_finetune --out runs/finetune_cola
     python experiments/evidence.py clinc150_finetune --out runs/finetune_clinc150 --seeds 0
+    python experiments/evidence.py clinc150_near_ood_finetune --out runs/near_ood_clinc150 --seeds 0
     python experiments/evidence.py imdb_finetune --out runs/finetune_imdb --seeds 0
     python experiments/evidence.py cifar10 --out runs/evidence_cifar10
     python experiments/evidence.py cola --out /tmp/ev --seeds 0 --ensemble 0 --set train.epochs=1
@@ -125,6 +126,21 @@ TASKS: dict[str, dict] = {
                  "(+ LLA: Kron, probit, prior precision by validation NLL)",
         "metric": "acc",
         "ood_set": "oos",
+        "baselines": ["softmax + TS", "softmax + LLA", "sngp", "sngp + TS"],
+    },
+    "clinc150_near_ood_finetune": {   # CLINC150 with two whole domains held out (near OOD)
+        "methods": {m: CLINC_FT / f"{m}.yaml" for m in (
+            "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel",
+            "cgpt_last2", "scgpt_last2")},
+        "settings": ["data.protocol=near_ood", "data.split_seed=0"],
+        "ensemble": 0,
+        "about": "CLINC150 near-OOD protocol (split_seed 0: the banking and kitchen_and_dining "
+                 "domains held out whole; 120 intents, train / val / test 12,000 / 2,400 / 3,600; "
+                 "near OOD = the held-out intents' 900 test queries, far OOD = the 1,000 "
+                 "out-of-scope ones), the recipe of clinc150_finetune",
+        "metric": "acc",
+        "ood_set": "held_out_domains",
+        "ood_report": ["held_out_domains", "oos"],   # ood_sets.md: near and far OOD side by side
         "baselines": ["softmax + TS", "softmax + LLA", "sngp", "sngp + TS"],
     },
     "imdb_finetune": {   # IMDB -> CR, pretrained encoder
@@ -262,6 +278,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{acc}")
     if task.get("ood_sets"):
         shift_and_ood_tables(runs, task["ood_sets"], out)
+    if task.get("ood_report"):
+        by_set = ood_sets_table(runs, task["ood_report"])
+        (out / "ood_sets.md").write_text(by_set + "\n")
+        print(f"\nOOD detection per set\n\n{by_set}")
     if task.get("baselines"):
         paired = paired_baselines_table(runs, task["baselines"], task["metric"],
                                         task.get("ood_set"))
@@ -336,6 +356,23 @@ def ood_accuracy_table(runs: dict[str, list[dict]]) -> str:
             got = [r.get("ood", {}).get(name, {}).get("classification", {}) for r in results]
             cells += [_cell([g.get("acc") for g in got]),
                       _cell([g.get("mutual_info") for g in got], ".1e", std=False)]
+        lines.append(f"| {method} | {len(results)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ood_sets_table(runs: dict[str, list[dict]], ood_sets: list[str]) -> str:
+    """Per row of the table (``+ TS`` and ``+ LLA`` rows included) and OOD set: the AUROC of the
+    maximum probability and of the mutual information (stochastic rows only) for detecting that
+    set against the in-domain test set, mean ± std over the runs (a task with a near and a far
+    OOD set reads both side by side)."""
+    head = " | ".join(f"{s} AUROC (MSP) | {s} AUROC (MI)" for s in ood_sets)
+    lines = [f"| method | runs | {head} |", "|---|---|" + "---|" * (2 * len(ood_sets))]
+    for method, results in with_posthoc_rows(runs).items():
+        cells = []
+        for name in ood_sets:
+            det = [((r.get("ood") or {}).get(name) or {}).get("detection") or {} for r in results]
+            cells += [_cell([(d.get("max_softmax") or {}).get("auroc") for d in det]),
+                      _cell([(d.get("mutual_info") or {}).get("auroc") for d in det])]
         lines.append(f"| {method} | {len(results)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

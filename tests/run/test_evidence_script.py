@@ -255,3 +255,23 @@ def test_figure_points_draw_tempered_rows():
     shown = [p["method"] for p in evidence.figure_points([{"method": n} for n in names])]
     assert shown == ["softmax", "softmax + TS", "softmax + LLA", "sngp", "sngp + TS",
                      "cgpt + TS", "cgpt (mean) + TS", "no_ts"]
+
+
+def test_ood_sets_table_reads_each_set_and_its_detectors():
+    evidence = _evidence()
+    def run(near, far, mi=None):
+        det = lambda a, m: {"max_softmax": {"auroc": a}, **({"mutual_info": {"auroc": m}} if m else {})}  # noqa: E731
+        return {"test": {"acc": 0.9}, "ood": {"near": {"detection": det(near, mi)},
+                                              "far": {"detection": det(far, mi and mi + 0.1)}}}
+    runs = {"softmax": [run(0.70, 0.90), run(0.72, 0.92)],
+            "cgpt": [run(0.75, 0.95, 0.80), run(0.77, 0.97, 0.84)]}
+    table = evidence.ood_sets_table(runs, ["near", "far"])
+    lines = table.splitlines()
+    assert lines[0] == ("| method | runs | near AUROC (MSP) | near AUROC (MI) | far AUROC (MSP) "
+                        "| far AUROC (MI) |")
+    assert "| softmax | 2 | 0.710 ± 0.014 | – | 0.910 ± 0.014 | – |" in lines
+    assert "| cgpt | 2 | 0.760 ± 0.014 | 0.820 ± 0.028 | 0.960 ± 0.014 | 0.920 ± 0.028 |" in lines
+    # the near-OOD task reports both of CLINC150's OOD sets and scores its goal on the near one
+    task = evidence.TASKS["clinc150_near_ood_finetune"]
+    assert task["ood_report"] == ["held_out_domains", "oos"] and task["ood_set"] == "held_out_domains"
+    assert "data.protocol=near_ood" in task["settings"]
