@@ -62,6 +62,11 @@ CIFAR = ROOT / "configs" / "cifar10"
 CLINC_FT = ROOT / "configs" / "clinc150_finetune"
 IMDB_FT = ROOT / "configs" / "imdb_finetune"
 
+#: the CLINC150 fine-tuning methods (both protocols); *_last2: the unit in the last two layers
+CLINC_FT_METHODS = {m: CLINC_FT / f"{m}.yaml" for m in (
+    "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel",
+    "cgpt_last2", "scgpt_last2")}
+
 #: task -> (method -> config file), the settings every run of the task gets, and a description
 TASKS: dict[str, dict] = {
     "cola": {
@@ -113,9 +118,7 @@ TASKS: dict[str, dict] = {
                      "cifar10c:*:5"],
     },
     "clinc150_finetune": {   # intents + out-of-scope detection, pretrained encoder
-        "methods": {m: CLINC_FT / f"{m}.yaml" for m in (
-            "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel",
-            "cgpt_last2", "scgpt_last2")},   # *_last2: the unit in the last two layers
+        "methods": CLINC_FT_METHODS,
         "settings": [],
         "ensemble": 0,
         "about": "CLINC150 standard protocol (150 intents; OOS = the 1,000 out-of-scope test "
@@ -129,9 +132,7 @@ TASKS: dict[str, dict] = {
         "baselines": ["softmax + TS", "softmax + LLA", "sngp", "sngp + TS"],
     },
     "clinc150_near_ood_finetune": {   # CLINC150 with two whole domains held out (near OOD)
-        "methods": {m: CLINC_FT / f"{m}.yaml" for m in (
-            "softmax", "mc_dropout", "sngp", "kep_svgp", "sgpa", "cgpt", "scgpt", "h_gumbel",
-            "cgpt_last2", "scgpt_last2")},
+        "methods": CLINC_FT_METHODS,
         "settings": ["data.protocol=near_ood", "data.split_seed=0"],
         "ensemble": 0,
         "about": "CLINC150 near-OOD protocol (split_seed 0: the banking and kitchen_and_dining "
