@@ -259,10 +259,14 @@ def test_figure_points_draw_tempered_rows():
 
 def test_ood_sets_table_reads_each_set_and_its_detectors():
     evidence = _evidence()
+
+    def det(msp, mi):                      # a detection entry; MI only for a stochastic run
+        return {"max_softmax": {"auroc": msp}, **({"mutual_info": {"auroc": mi}} if mi else {})}
+
     def run(near, far, mi=None):
-        det = lambda a, m: {"max_softmax": {"auroc": a}, **({"mutual_info": {"auroc": m}} if m else {})}  # noqa: E731
         return {"test": {"acc": 0.9}, "ood": {"near": {"detection": det(near, mi)},
                                               "far": {"detection": det(far, mi and mi + 0.1)}}}
+
     runs = {"softmax": [run(0.70, 0.90), run(0.72, 0.92)],
             "cgpt": [run(0.75, 0.95, 0.80), run(0.77, 0.97, 0.84)]}
     table = evidence.ood_sets_table(runs, ["near", "far"])
