@@ -371,7 +371,7 @@ def ood_sets_table(runs: dict[str, list[dict]], ood_sets: list[str]) -> str:
     for method, results in with_posthoc_rows(runs).items():
         cells = []
         for name in ood_sets:
-            det = [((r.get("ood") or {}).get(name) or {}).get("detection") or {} for r in results]
+            det = [_detection(r, name) for r in results]
             cells += [_cell([(d.get("max_softmax") or {}).get("auroc") for d in det]),
                       _cell([(d.get("mutual_info") or {}).get("auroc") for d in det])]
         lines.append(f"| {method} | {len(results)} | " + " | ".join(cells) + " |")
@@ -405,11 +405,16 @@ def cost_table(runs: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def _detection(r: dict, ood_set: str) -> dict:
+    """The detectors' metrics of one run's results on ``ood_set`` (empty where it has none)."""
+    return ((r.get("ood") or {}).get(ood_set) or {}).get("detection") or {}
+
+
 def _paired_values(r: dict, metric: str, ood_set: str | None) -> dict[str, float | None]:
     test = r.get("test") or {}
     vals = {m: test.get(m) for m in (metric, "nll", "ece", "brier")}
     if ood_set is not None:
-        det = ((r.get("ood") or {}).get(ood_set) or {}).get("detection") or {}
+        det = _detection(r, ood_set)
         vals["OOD AUROC (MSP)"] = (det.get("max_softmax") or {}).get("auroc")
     return vals
 

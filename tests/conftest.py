@@ -80,3 +80,27 @@ def dtype() -> torch.dtype:
 def device() -> torch.device:
     """The session's test device."""
     return torch.device(DEVICE)
+
+
+# -- a tiny pretrained checkpoint for the arch: hf tests --------------------------------------
+TINY_BERT_WORDS = ("the a cat dog sat on mat john mary seems to be happy what did you say that "
+                   "bought she kissed herself him went store yesterday quickly more eat fatter get "
+                   "is was").split()
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A 2-layer BERT (width 16, 4 heads) with a word-piece vocabulary of the test words, saved
+    to disk (the ``arch: hf`` tests of ``tests/models`` and ``tests/infer``)."""
+    path = tmp_path_factory.mktemp("tiny_bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?", *TINY_BERT_WORDS]
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.BertTokenizerFast(vocab_file=str(path / "vocab.txt"))
+    tok.save_pretrained(str(path))
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=32,
+                                  max_position_embeddings=64)
+    transformers.BertModel(cfg).save_pretrained(str(path))
+    return path

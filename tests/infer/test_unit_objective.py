@@ -155,11 +155,10 @@ def test_unit_schedules_names_the_unit_of_a_bad_weight():
 
 
 # -- the pretrained encoder: model.swap entries --------------------------------------------------
-# the tiny 2-layer BERT checkpoint of the HFClassifier tests (one fixture, not a copy)
-from tests.models.test_hf import tiny_checkpoint  # noqa: E402, F401, F811
+# tiny_checkpoint: the 2-layer BERT of tests/conftest.py
 
 
-def test_swap_entries_carry_their_own_weights_into_the_program(tiny_checkpoint):  # noqa: F811
+def test_swap_entries_carry_their_own_weights_into_the_program(tiny_checkpoint):
     spec = validate_model_spec({"arch": "hf", "checkpoint": str(tiny_checkpoint), "swap": [
         {"layers": [0], "attention": {"kind": "cgpt"}, "objective": {"cgp_alpha": 1e-4}},
         {"layers": [1], "attention": {"kind": "cgpt"}}]})

@@ -11,25 +11,6 @@ from gpattn_ppl.run.config import load_config
 
 transformers = pytest.importorskip("transformers")
 
-WORDS = ("the a cat dog sat on mat john mary seems to be happy what did you say that bought "
-         "she kissed herself him went store yesterday quickly more eat fatter get is was").split()
-
-
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    """A 2-layer BERT (width 16, 4 heads) with a word-piece vocabulary of the test words."""
-    path = tmp_path_factory.mktemp("tiny_bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?", *WORDS]
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tok = transformers.BertTokenizerFast(vocab_file=str(path / "vocab.txt"))
-    tok.save_pretrained(str(path))
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2,
-                                  num_attention_heads=4, intermediate_size=32,
-                                  max_position_embeddings=64)
-    transformers.BertModel(cfg).save_pretrained(str(path))
-    return path
-
 
 def ids_and_mask():
     x = torch.tensor([[2, 8, 9, 10, 3, 0], [2, 11, 12, 13, 14, 3]])

@@ -371,19 +371,7 @@ def test_training_writes_results_and_calls_the_epoch_hooks(tmp_path, monkeypatch
 
 # -- the pretrained (HF) backbone -------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    """A 2-layer BERT (width 16, 4 heads), as tests/models/test_hf.py builds it."""
-    transformers = pytest.importorskip("transformers")
-    path = tmp_path_factory.mktemp("tiny_bert_sngp")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *"the a cat dog sat".split()]
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2,
-                                  num_attention_heads=4, intermediate_size=32,
-                                  max_position_embeddings=64)
-    transformers.BertModel(cfg).save_pretrained(str(path))
-    return path
+# tiny_checkpoint: the 2-layer BERT of tests/conftest.py
 
 
 def test_hf_classifier_takes_the_head(tiny_checkpoint):
