@@ -7,6 +7,8 @@ note of a fault run reports.
 from __future__ import annotations
 
 import collections
+import contextlib
+import tracemalloc
 
 import pytest
 
@@ -32,6 +34,32 @@ def cli_error(capsys, code: int, expected: int = 2) -> str:
     lines = [line for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1, err
     return lines[0]
+
+
+@contextlib.contextmanager
+def bounded_memory(limit_mib: float):
+    """Assert that the block allocates at most ``limit_mib`` MiB at its peak (Python heap, by
+    :mod:`tracemalloc`): the load-independent form of "refused at once" (a bomb that expands
+    allocates gigabytes; a wall-clock bound fails on a busy machine). Warm the code path first
+    (:func:`warm_cli`) so that first imports do not count."""
+    tracemalloc.start()
+    try:
+        yield
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+    assert peak <= limit_mib, f"peak {peak:.1f} MiB > {limit_mib} MiB"
+
+
+def warm_cli(tmp_path, capsys) -> None:
+    """Run ``train`` once on a small refused config, so the command line's imports are done
+    before a :func:`bounded_memory` block measures it."""
+    from gpattn_ppl.run.cli import main
+
+    path = tmp_path / "warm.yaml"
+    path.write_text("data:\n  name: csv\n  train_file: t.csv\n  no_such_key: 1\n")
+    assert main(["train", str(path), "--out", str(tmp_path / "warm_run")]) == 2
+    capsys.readouterr()
 
 
 def pytest_terminal_summary(terminalreporter):

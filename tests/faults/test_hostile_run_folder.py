@@ -254,7 +254,7 @@ def test_two_trainings_started_together_cannot_both_write_one_folder(tmp_path):
                                        str(path), "--out", str(out)], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
         time.sleep(0.7)
-    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    results = [(p.wait(timeout=1800), p.stderr.read()) for p in procs]
     for p in procs:
         p.stdout.close()
         p.stderr.close()

@@ -77,7 +77,7 @@ def test_two_rank_gloo_reduction_equals_global(tmp_path: Path):
         )
         for r in range(2)
     ]
-    logs = [p.communicate(timeout=180)[0].decode() for p in procs]
+    logs = [p.communicate(timeout=1800)[0].decode() for p in procs]
     assert all(p.returncode == 0 for p in procs), logs
     for r in range(2):
         got, want, local = json.loads((tmp_path / f"result.{r}").read_text())

@@ -205,7 +205,7 @@ DETECTORS = "eval.ood_detectors=[max_softmax,neg_max_logit]"
 
 def _cli(*args, cwd):
     return subprocess.run([sys.executable, "-m", "gpattn_ppl.run.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=300)
+                          capture_output=True, text=True, cwd=cwd, timeout=1800)
 
 
 def _max_logit_metrics(run_dir, ood_set: str) -> dict:

@@ -28,9 +28,15 @@ def _script():
     return mod
 
 
+#: a budget no smoke run reaches on any machine, however loaded: the smoke test asserts what the
+#: script wrote, never that it finished in time (the default 250 s budget is the GPU run's)
+UNBOUNDED_S = "1000000"
+
+
 def _run(out: Path, *args: str) -> subprocess.CompletedProcess:
+    # the timeout only guards against a hang (it is not what the test checks)
     return subprocess.run([sys.executable, str(SCRIPT), str(out), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=3600)
 
 
 def _check_statuses(res: dict) -> None:
@@ -46,7 +52,7 @@ def _check_statuses(res: dict) -> None:
 
 def test_smoke_writes_every_section(tmp_path):
     out = tmp_path / "out"
-    proc = _run(out, "--smoke")
+    proc = _run(out, "--smoke", "--budget-s", UNBOUNDED_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # OUTDIR stays small (the GPU reply brings back at most 8 files)
     assert {p.name for p in out.iterdir()} <= {"device_check.json", "device_check.log",

@@ -208,7 +208,7 @@ def test_ddp_two_processes_gloo(tmp_path, tiny_config):
     path.write_text(script)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                            "--master_port=29533", str(path)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "run" / "results.json").exists()
 

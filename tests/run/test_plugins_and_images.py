@@ -28,7 +28,7 @@ PLUGIN = textwrap.dedent('''
 
 def _cli(*args, cwd):
     return subprocess.run([sys.executable, "-m", "gpattn_ppl.run.cli", *map(str, args)],
-                          capture_output=True, text=True, cwd=cwd, timeout=300)
+                          capture_output=True, text=True, cwd=cwd, timeout=1800)
 
 
 def test_import_registers_a_dataset_for_every_command_and_the_run_remembers_it(tmp_path):

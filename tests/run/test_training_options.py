@@ -140,7 +140,12 @@ def test_run_memory_sees_a_peak_inside_the_run():
         # from the heap, and the resident set does not move)
         block = mmap.mmap(-1, 100 * 2**20)
         block.write(b"\x01" * len(block))
-        time.sleep(0.5)  # several sampling intervals, also on a loaded machine
+        # wait for the sampling thread's reading, however busy the machine (the deadline
+        # only guards against a hang; no time is asserted)
+        deadline = time.monotonic() + 600
+        while memory.max_bytes - memory.start_bytes <= 50 * 2**20 \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
         block.close()
     assert memory.summary()["increase_mb"] > 50
 
