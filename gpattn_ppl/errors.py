@@ -10,6 +10,16 @@ class                                                  raised for
 :class:`DataError`                                     a malformed data file (names file, line)
 :class:`gpattn_ppl.run.rundir.RunFolderError`          a run folder that may not be used as asked
 :class:`gpattn_ppl.infer.checkpoint.CheckpointError`   a missing, corrupt or mismatched checkpoint
+:class:`gpattn_ppl.safe_files.UnsafePathError`         a link, folder, FIFO, socket or device where
+                                                       a file is written, or a symlinked folder on
+                                                       the way (names the path and what it is)
+:class:`gpattn_ppl.safe_files.DiskFullError`           no space left / quota while writing (names
+                                                       the path and the bytes wanted)
+:class:`gpattn_ppl.data.hf_folder.HFFolderError`       a Hugging Face model folder that asks to run
+                                                       its code, leads out of itself, is malformed
+                                                       or is not the one a run was trained with
+:class:`gpattn_ppl.hf.hub.SwapRecordError`             a swap record or saved weights that do not
+                                                       rebuild the model (names the tensor)
 :class:`gpattn_ppl.linalg.CholeskyError`               a matrix that cannot be factorised
 :class:`gpattn_ppl.linalg.NonFiniteError`              a matrix with NaN / inf entries (overflow)
 :class:`DivergenceError`                               training went non-finite (epoch, step, term)

@@ -8,7 +8,7 @@ import pytest
 import gpattn_ppl
 
 SUBPACKAGES = sorted(m.name for m in pkgutil.iter_modules(gpattn_ppl.__path__) if m.ispkg)
-MODULES = ["gpattn_ppl.errors", "gpattn_ppl.linalg", "gpattn_ppl.schema",
+MODULES = ["gpattn_ppl.errors", "gpattn_ppl.linalg", "gpattn_ppl.safe_files", "gpattn_ppl.schema",
            "gpattn_ppl.settings"]
 
 

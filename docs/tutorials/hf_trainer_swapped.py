@@ -81,7 +81,8 @@ from gpattn_ppl.hf import swap
 tokenizer = load_tokenizer("all-MiniLM-L6-v2")
 model = transformers.AutoModelForSequenceClassification.from_pretrained(
     resolve_checkpoint("all-MiniLM-L6-v2"), num_labels=len(classes),
-    id2label=dict(enumerate(classes)), label2id={name: k for k, name in enumerate(classes)})
+    id2label=dict(enumerate(classes)), label2id={name: k for k, name in enumerate(classes)},
+    trust_remote_code=False, local_files_only=True)   # no code of the folder, nothing fetched
 
 train_texts, train_intents = clinc["train"]
 calibration = dict(tokenizer(train_texts[:16], padding=True, return_tensors="pt"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Literal
 
 import torch
@@ -71,11 +72,16 @@ class KEPSVGPAttention(GPAttentionUnit):
     **Predictive.** :meth:`predictive` pushes q(u) through the (linear) head output map: mean
     :math:`G(M)` and, per head and output channel j, the exact covariance over tokens
     :math:`\sum_d G_{jd}S_dG_{jd}^\top` as a rank-:math:`s^2` root (an
-    :class:`~gpattn_ppl.distributions.AttentionPredictive`). KEP-SVGP has no value matrix and no
-    attention matrix (its output is a function of the KSVD projections alone).
+    :class:`~gpattn_ppl.distributions.AttentionPredictive`). KEP-SVGP has no value matrix (its
+    output is a function of the KSVD projections alone); :meth:`attention_matrix` is the
+    attention kernel its eigen-pair reconstructs, :math:`E\Lambda^{-1}R^\top`
+    (:meth:`~gpattn_ppl.variational.KernelEigenPairStrategy.attention_matrix`), which
+    ``gpattn-ppl explain`` draws.
 
     :param dim: C. :param heads: H.
-    :param rank: s, kernel-eigen features (= GP outputs) per head.
+    :param rank: s, kernel-eigen features (= GP outputs) per head; at most the head dimension
+        D (a head's kernel :math:`\Phi_q\Phi_k^\top` has rank at most D): a larger rank is
+        capped to D with a ``UserWarning`` (e.g. the default 5 on a host with D = 4).
     :param merge: ``"add"`` (any N, the text setting), ``"concat"`` (fixed N, the image
         setting; needs ``seq_len``), or ``"concat_features"`` [ours; any N].
     :param feature_map: ``"cosine"`` (paper) or ``"linear"``.
@@ -112,6 +118,13 @@ class KEPSVGPAttention(GPAttentionUnit):
             raise ValueError("merge='concat' mixes tokens with W_1 in R^{N x 2N} and needs a fixed "
                              "seq_len (N); use merge='add' for variable-length inputs")
         s, D = int(rank), self.head_dim
+        if s > D:
+            # a head's attention kernel Phi_q Phi_k^T (N x N) has rank at most D: its singular
+            # values past D are 0, and E = Phi_q W_e has no more than D independent columns
+            warnings.warn(f"KEP-SVGP attention rank {s} is more than the head dimension D = {D} "
+                          f"(dim {dim} / heads {heads}), the most kernel-eigen pairs a head's "
+                          f"attention kernel has; using rank {D}", UserWarning, stacklevel=2)
+            s = D
         self.rank, self.merge, self.u_draws = s, merge, u_draws
         self.seq_len, self.token_mixing = (None if seq_len is None else int(seq_len)), token_mixing
         self.strategy = KernelEigenPairStrategy(

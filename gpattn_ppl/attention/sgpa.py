@@ -129,8 +129,9 @@ class SGPAttention(GPAttentionUnit):
                              "covariance L S L^T needs the n x n Cholesky either way")
         if num_inducing < 0:
             raise ValueError(f"num_inducing must be >= 0, got {num_inducing}")
-        if not outputscale_init > 0:
-            raise ValueError(f"outputscale_init must be > 0, got {outputscale_init}")
+        if not 0 < outputscale_init <= torch.finfo(torch.float32).max:
+            raise ValueError(f"outputscale_init must be > 0 and a finite float32, got "
+                             f"{outputscale_init}")
         self.variant, self.cov, self.kernel_name = variant, cov, kernel
         self.num_inducing, self.max_len = num_inducing, max_len
         self.proj = nn.Linear(dim, 2 * dim, bias=False)

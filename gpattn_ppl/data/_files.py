@@ -75,6 +75,10 @@ def json_line(line: str, where: str):
                         "appear once") from None
     except json.JSONDecodeError as err:
         raise DataError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
+    except ValueError as err:  # an integer past Python's 4300-digit conversion limit
+        raise DataError(f"{where}: invalid JSON value ({err})") from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested too deeply") from None
 
 
 def class_label(value, where: str, num_classes: int) -> int:
@@ -89,8 +93,8 @@ def class_label(value, where: str, num_classes: int) -> int:
         k = value
     elif isinstance(value, float) and value.is_integer():
         k = int(value)
-    elif isinstance(value, str) and _INT.fullmatch(value.strip()):
-        k = int(value.strip())
+    elif isinstance(value, str) and _INT.fullmatch(value.strip()) and len(value.strip()) < 40:
+        k = int(value.strip())  # (a longer one is out of range; int() would refuse 4300 digits)
     if k is None or not 0 <= k < num_classes:
         try:  # as the file wrote it (JSON: true, null, "pos")
             shown = json.dumps(value, ensure_ascii=False)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import lzma
-import os
 import pickle
 import zipfile
 from collections.abc import Sequence
@@ -96,11 +95,12 @@ def _read_npz_xz(path: Path, cache_dir: Path | None) -> tuple[np.ndarray, np.nda
             raise DataError(f"{path}: {err}") from None
         y = z["y"].astype(np.int64)
     if cache_x is not None:
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        from ..safe_files import write_atomic
+
         for target, arr in ((cache_x, x), (cache_y, y)):
-            tmp = target.with_name(f"{target.name}.tmp{os.getpid()}.npy")
-            np.save(tmp, arr)
-            os.replace(tmp, target)
+            buf = io.BytesIO()
+            np.save(buf, arr)
+            write_atomic(target, buf.getvalue())  # atomic, never through a link
     return x, y
 
 

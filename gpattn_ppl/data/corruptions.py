@@ -531,7 +531,6 @@ def corrupted_sets(images: torch.Tensor, labels: torch.Tensor, pairs, *, seed: i
     is generated once per machine.
     """
     import hashlib
-    import os
     from pathlib import Path
 
     digest = hashlib.sha256(images.numpy().tobytes()).hexdigest()[:16]
@@ -546,10 +545,10 @@ def corrupted_sets(images: torch.Tensor, labels: torch.Tensor, pairs, *, seed: i
                 continue
         x = corrupt(images, name, sev, seed=seed)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-            with open(tmp, "wb") as fh:
-                np.save(fh, x.numpy())
-            os.replace(tmp, path)
+            from ..safe_files import write_atomic
+
+            buf = io.BytesIO()
+            np.save(buf, x.numpy())
+            write_atomic(path, buf.getvalue())  # atomic, never through a link
         out[key] = (x, labels)
     return out

@@ -157,14 +157,23 @@ class HFTokenEncoder(InputEncoder):
     (``[CLS]``/``[SEP]`` included, truncated to ``max_len``, padded with the tokenizer's pad
     id; the mask comes from the lengths), for :class:`~gpattn_ppl.models.HFClassifier`.
 
+    Its state records the checkpoint by content: ``path`` (the absolute folder) and ``digest``
+    (:func:`~gpattn_ppl.data.hf_folder.folder_digest`: sha256 of the config, the tokenizer files
+    and the weights); :func:`encoder_from_state` finds the folder again from them
+    (:func:`~gpattn_ppl.data.hf_folder.locate_checkpoint`), never from the current directory.
+
     :param checkpoint: ``"all-MiniLM-L6-v2"`` or a local Hugging Face model folder (its
         tokenizer files are read; nothing is downloaded; needs the ``text`` extra).
     :param max_len: word pieces kept per text.
+    :param record: ``{"path", "digest"}`` as recorded (default: computed from ``checkpoint``
+        when the state is first asked for).
+    :param folder: the folder to read the tokenizer from (default: ``checkpoint``'s).
     """
 
     kind, input_kind = "hf", "tokens"
 
-    def __init__(self, checkpoint: str, max_len: int) -> None:
+    def __init__(self, checkpoint: str, max_len: int, *, record: dict | None = None,
+                 folder: str | Path | None = None) -> None:
         if _max_len(max_len) < 2:
             raise ValueError(f"encoder_state: 'max_len' must be >= 2 ([CLS] and [SEP]), got "
                              f"{max_len}")
@@ -172,13 +181,17 @@ class HFTokenEncoder(InputEncoder):
             raise ValueError(f"encoder_state: 'checkpoint' must be a non-empty string, got "
                              f"{checkpoint!r}")
         self.checkpoint, self.max_len = checkpoint, max_len
+        self._record = None if record is None else dict(record)
+        #: where the tokenizer is read from
+        self.folder = None if folder is None else Path(folder)
         self._tokenizer = None
 
     @property
     def tokenizer(self):
         if self._tokenizer is None:
             from .pretrained import load_tokenizer
-            self._tokenizer = load_tokenizer(self.checkpoint)
+            self._tokenizer = load_tokenizer(self.checkpoint if self.folder is None
+                                             else self.folder)
         return self._tokenizer
 
     @property
@@ -196,7 +209,13 @@ class HFTokenEncoder(InputEncoder):
         return x, lengths
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, "checkpoint": self.checkpoint, "max_len": self.max_len}
+        if self._record is None:
+            from .hf_folder import checkpoint_record
+
+            self._record = checkpoint_record(self.checkpoint if self.folder is None
+                                             else self.folder)
+        return {"kind": self.kind, "checkpoint": self.checkpoint, "max_len": self.max_len,
+                **self._record}
 
 
 def _stats(value, key: str) -> tuple[float, ...]:
@@ -251,7 +270,8 @@ class ImageEncoder(InputEncoder):
 
 
 def encoder_from_state(state: dict, *, cache_dir: str | Path | None = None,
-                       device: str | torch.device = "cpu") -> InputEncoder:
+                       device: str | torch.device = "cpu", checkpoint: str | Path | None = None,
+                       where: str = "encoder_state") -> InputEncoder:
     """Rebuild the encoder described by ``state`` (``DataBundle.encoder_state``).
 
     :param state: ``{"kind": "learned", "itos", "max_len"}``, ``{"kind": "minilm", "max_len"}``
@@ -259,8 +279,14 @@ def encoder_from_state(state: dict, *, cache_dir: str | Path | None = None,
         "max_len"}`` or ``{"kind": "image", "image_size", "mean", "std"}``.
     :param cache_dir: MiniLM only: feature cache folder.
     :param device: MiniLM only: where the model runs.
+    :param checkpoint: ``hf`` only: the checkpoint folder to use instead of the recorded one
+        (its digest is checked all the same).
+    :param where: how errors name the state (e.g. the ``encoder.json`` file).
     :raises ValueError: not a dict, an unknown kind, a missing key or a bad value (the message
         names the key).
+    :raises ~gpattn_ppl.data.hf_folder.HFFolderError: ``hf``: the checkpoint folder is gone,
+        breaks a rule of :func:`~gpattn_ppl.data.hf_folder.check_model_folder` or is not the one
+        recorded (:func:`~gpattn_ppl.data.hf_folder.locate_checkpoint`).
     """
     if not isinstance(state, dict):
         raise ValueError(f"encoder_state must be a dict, got {type(state).__name__}")
@@ -295,5 +321,14 @@ def encoder_from_state(state: dict, *, cache_dir: str | Path | None = None,
         return MiniLMTextEncoder(state["max_len"], cache_dir=cache_dir, device=device,
                                  batch_size=state.get("batch_size", 64))
     if kind == "hf":
-        return HFTokenEncoder(state["checkpoint"], state["max_len"])
+        from .hf_folder import locate_checkpoint
+
+        if not isinstance(state["checkpoint"], str) or not state["checkpoint"]:
+            raise ValueError(f"encoder_state: 'checkpoint' must be a non-empty string, got "
+                             f"{state['checkpoint']!r}")
+        _max_len(state["max_len"])
+        folder = locate_checkpoint(state, checkpoint, where=where)
+        record = {k: state[k] for k in ("path", "digest") if k in state}
+        return HFTokenEncoder(state["checkpoint"], state["max_len"], record=record or None,
+                              folder=folder)
     return ImageEncoder(state["image_size"], state["mean"], state["std"])

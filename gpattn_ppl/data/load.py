@@ -339,6 +339,50 @@ def _limit(index: torch.Tensor, y: torch.Tensor, size: int, seed: int) -> torch.
     return index[stratified_subset(y[index], size, seed)]
 
 
+#: ``model_type`` of checkpoints whose position ids start after the padding index (RoBERTa's
+#: scheme): they take ``max_position_embeddings - pad_token_id - 1`` tokens
+_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer",
+                     "roberta-prelayernorm", "data2vec-text", "ibert", "mpnet")
+
+
+def checkpoint_positions(checkpoint) -> int | None:
+    """The most tokens (word pieces, specials included) a pretrained checkpoint's encoder takes:
+    its learned absolute positions, ``max_position_embeddings`` of its ``config.json`` (less
+    ``pad_token_id + 1`` for RoBERTa-style position ids); ``None`` when it states none (or has
+    relative positions only, DeBERTa's ``position_biased_input: false``) or the file cannot be
+    read (the loaders name that)."""
+    from .pretrained import resolve_checkpoint
+
+    try:
+        config = json.loads((resolve_checkpoint(checkpoint) / "config.json")
+                            .read_text(encoding="utf-8"))
+    except (OSError, ValueError, ImportError):
+        return None
+    if not isinstance(config, dict) or config.get("position_biased_input") is False:
+        return None
+    n = config.get("max_position_embeddings")
+    if isinstance(n, bool) or not isinstance(n, int):
+        return None
+    pad = config.get("pad_token_id")
+    if config.get("model_type") in _OFFSET_POSITIONS and isinstance(pad, int):
+        n -= pad + 1
+    return n if n >= 2 else None
+
+
+def _cap_to_positions(max_len: int, checkpoint) -> int:
+    """``max_len``, or the checkpoint's positions (:func:`checkpoint_positions`) when it asks
+    for more, with a warning: a longer sequence has no position embedding to look up."""
+    n = checkpoint_positions(checkpoint)
+    if n is None or max_len <= n:
+        return max_len
+    import warnings
+
+    warnings.warn(f"data.max_len {max_len} is more than the {n} positions of checkpoint "
+                  f"{str(checkpoint)!r} (max_position_embeddings in its config.json); texts are "
+                  f"cut at {n} word pieces", UserWarning, stacklevel=3)
+    return n
+
+
 def _encode_text(name, raw, splits, raw_ood, encoder, max_len, cache_dir, enc_kw):
     used = torch.cat([splits[s] for s in ("train", "val", "test")]).unique()  # sorted
     pos = torch.full((len(raw.x),), -1, dtype=torch.long)
@@ -352,9 +396,11 @@ def _encode_text(name, raw, splits, raw_ood, encoder, max_len, cache_dir, enc_kw
         if enc_kw.get("checkpoint") is None:
             raise ValueError("encoder='hf' needs checkpoint= (the pretrained model whose "
                              "tokenizer encodes the texts)")
+        max_len = _cap_to_positions(max_len, enc_kw["checkpoint"])
         input_encoder = HFTokenEncoder(enc_kw["checkpoint"], max_len)
         extra = {"vocab_size": input_encoder.vocab_size, "feature_dim": None, "tokenizer": None}
     else:
+        max_len = _cap_to_positions(max_len, "all-MiniLM-L6-v2")
         input_encoder = MiniLMTextEncoder(max_len, cache_dir=cache_dir, **enc_kw)
         extra = {"vocab_size": None, "feature_dim": MiniLMEncoder.feature_dim, "tokenizer": None}
     extra["input_kind"] = input_encoder.input_kind

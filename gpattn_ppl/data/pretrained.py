@@ -37,7 +37,7 @@ def resolve_checkpoint(checkpoint: str | Path) -> Path:
         raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: no such folder (give "
                                 "'all-MiniLM-L6-v2' or a local Hugging Face model folder; "
                                 "nothing is downloaded)")
-    if not (path / "config.json").is_file():
+    if not os.path.lexists(path / "config.json"):  # a FIFO or a link: checked by the loaders
         raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: no config.json in the folder "
                                 "(not a Hugging Face model folder)")
     return path
@@ -48,18 +48,34 @@ def load_tokenizer(checkpoint: str | Path):
 
     :raises ImportError: without ``transformers`` (names the extra).
     :raises FileNotFoundError: a missing folder or tokenizer files.
+    :raises ~gpattn_ppl.data.hf_folder.HFFolderError: a folder that asks to run its own code or
+        breaks another rule of :func:`~gpattn_ppl.data.hf_folder.check_model_folder`.
     """
     path = resolve_checkpoint(checkpoint)
     try:
         from transformers import AutoTokenizer
     except ImportError as err:
         raise ImportError(f"{_INSTALL_HINT} (package 'transformers' is missing)") from err
+    from transformers import PreTrainedTokenizerBase
+
+    from .hf_folder import HFFolderError, check_model_folder, transformers_failed
+
+    check_model_folder(path, weights=False)  # no code of the folder is run
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                                  trust_remote_code=False)
+    except HFFolderError:
+        raise
     except (OSError, ValueError) as err:
         raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: cannot load its tokenizer "
                                 f"({err})") from None
+    except Exception as err:  # noqa: BLE001 -- a malformed tokenizer file of the folder
+        raise transformers_failed(checkpoint, "load its tokenizer", err) from None
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        raise HFFolderError(f"checkpoint {str(checkpoint)!r}: its tokenizer files give a "
+                            f"{type(tokenizer).__name__}, not a tokenizer")
+    return tokenizer
 
 
 def _model_path() -> Path:
@@ -108,12 +124,17 @@ class MiniLMEncoder:
             from transformers import AutoModel, AutoTokenizer
             from transformers.utils import logging as hf_logging
 
+            from .hf_folder import check_model_folder
+
+            check_model_folder(self.path, weights=True)  # the package's folder, checked alike
             bar = hf_logging.is_progress_bar_enabled()
             hf_logging.disable_progress_bar()  # no "Loading weights" bar in our logs
             try:
-                self._tokenizer = AutoTokenizer.from_pretrained(str(self.path),
-                                                                local_files_only=True)
-                self._model = AutoModel.from_pretrained(str(self.path), local_files_only=True)
+                self._tokenizer = AutoTokenizer.from_pretrained(
+                    str(self.path), local_files_only=True, trust_remote_code=False)
+                self._model = AutoModel.from_pretrained(
+                    str(self.path), local_files_only=True, trust_remote_code=False,
+                    use_safetensors=True)
             finally:
                 if bar:
                     hf_logging.enable_progress_bar()
@@ -155,10 +176,10 @@ class MiniLMEncoder:
             return cached["features"], cached["lengths"]
         features, lengths = self._run(list(texts), max_len)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            torch.save({"features": features, "lengths": lengths}, tmp)
-            os.replace(tmp, path)
+            from ..infer.checkpoint import save_atomic
+
+            # atomic, never through a link (the folder is the cache folder the config names)
+            save_atomic({"features": features, "lengths": lengths}, path)
         return features, lengths
 
     @torch.inference_mode()

@@ -3,7 +3,10 @@
 ``csv`` reads delimited files with a header row (``.tsv`` tab, ``.csv`` comma, else sniffed);
 ``jsonl`` reads one JSON object per line. Both take the training file and, optionally,
 validation, test and OOD files; a missing validation or test file is replaced by a seeded,
-label-stratified 10% of the training file. The classes are the sorted distinct training labels.
+label-stratified 10% of the training file. The classes are the sorted distinct training labels,
+by one rule whatever else a file holds: a label that is an integer literal (an optional sign and
+ASCII digits: ``1``, ``01``, ``+1``) is that integer, any other label is its string (``1.0``,
+``pos``); the integers come first in numeric order, then the other labels sorted.
 Every problem in a file is reported with its path, line number and column. Files are UTF-8 (a
 leading byte-order mark is dropped); a header naming a column twice and a JSON object with a
 duplicate key are refused rather than one of the two silently kept.
@@ -26,7 +29,7 @@ from .splits import stratified_split
 
 __all__ = ["read_labelled_texts", "read_text_lines", "read_texts", "resolve_path"]
 
-_INT = re.compile(r"[+-]?\d+")
+_INT = re.compile(r"[+-]?[0-9]+")
 _FORMATS = ("csv", "jsonl")
 _SNIFF_BYTES = 65536
 
@@ -138,10 +141,25 @@ def _rows_jsonl(path: Path, text_column: str, label_column: str,
         if not isinstance(obj[text_column], str):
             raise DataError(f"{path}, line {lineno}, column {text_column!r}: the text must be a "
                              f"string, got {type(obj[text_column]).__name__}")
+        for key in (text_column, label_column):
+            _no_surrogate(obj.get(key), f"{path}, line {lineno}, column {key!r}")
         texts.append(obj[text_column])
         labels.append(obj.get(label_column))
         lines.append(lineno)
     return texts, labels, lines
+
+
+def _no_surrogate(value, where: str) -> None:
+    """Raise :class:`DataError` for a string holding a lone surrogate (a JSON escape such as
+    ``\\ud800`` that is no character: no tokenizer or UTF-8 file can take it)."""
+    if not isinstance(value, str):
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise DataError(f"{where}: a lone surrogate U+{ord(value[err.start]):04X} (a JSON \\u "
+                        f"escape of half a character) at character {err.start + 1}; write the "
+                        "character itself or its escaped pair") from None
 
 
 def _label_string(value, where: str) -> str | None:
@@ -154,15 +172,32 @@ def _label_string(value, where: str) -> str | None:
     return value or None
 
 
-def _canonical(label: str, numeric: bool) -> str:
-    return str(int(label)) if numeric and _INT.fullmatch(label) else label
+def _canonical(label: str) -> str:
+    """The class a (stripped) label names, one rule whatever else the file holds: an integer
+    literal (an optional sign and ASCII digits) is that integer, written shortest (``01``,
+    ``+1`` and ``1`` are ``1``; ``-0`` is ``0``); any other string is itself (``1.0``,
+    ``one``, ``pos``)."""
+    if not _INT.fullmatch(label):
+        return label
+    digits = label.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if label.startswith("-") and digits != "0" else digits
+
+
+def _class_order(label: str) -> tuple:
+    """Sort key of canonical labels: the integers first, in numeric order (compared as digit
+    strings, so no length limit applies), then the other labels as strings."""
+    if not _INT.fullmatch(label):
+        return (1, label)
+    if label.startswith("-"):
+        digits = label[1:]
+        return (0, 0, -len(digits), tuple(-int(c) for c in digits))
+    return (0, 1, len(label), label)
 
 
 def _class_list(labels: list[str]) -> list[str]:
-    """Sorted distinct labels: numerically when all are integers (kept as strings)."""
-    if all(_INT.fullmatch(v) for v in labels):
-        return [str(v) for v in sorted({int(v) for v in labels})]
-    return sorted(set(labels))
+    """The distinct classes of ``labels`` (:func:`_canonical`): integers in numeric order, then
+    the other labels sorted."""
+    return sorted({_canonical(v) for v in labels}, key=_class_order)
 
 
 def read_text_lines(path: str | Path) -> list[str]:
@@ -223,8 +258,9 @@ def read_labelled_texts(path: str | Path, *, fmt: str = "csv", text_column: str 
     :param delimiter: CSV only: ``"auto"`` (``.tsv`` tab, ``.csv`` comma, else sniffed) or
         one character.
     :param classes: the label names in index order (a training file's classes); ``None``: this
-        is the training file, its sorted distinct labels become the classes (numerically sorted
-        when all are integers).
+        is the training file, its distinct labels become the classes (integer literals read as
+        their integer, ``01`` = ``+1`` = ``1``, in numeric order, then the other labels sorted;
+        the module docstring has the rule).
     :param ood: an OOD file: the label column may be missing and labels outside ``classes``
         (or empty) read as -1.
     :returns: ``(texts, labels [n] long, classes)``.
@@ -258,13 +294,19 @@ def read_labelled_texts(path: str | Path, *, fmt: str = "csv", text_column: str 
             raise DataError(f"{path}: a training file needs at least 2 classes in column "
                              f"{label_column!r}, found {len(classes)} ({', '.join(classes)})")
     classes = [str(c) for c in classes]
-    numeric = all(_INT.fullmatch(c) for c in classes)
-    index = {_canonical(c, numeric): i for i, c in enumerate(classes)}
+    index: dict[str, int] = {}
+    for i, c in enumerate(classes):
+        key = _canonical(c)
+        if key in index:
+            raise DataError(f"{path}: the classes {classes[index[key]]!r} and {c!r} are one "
+                            f"label, the integer {key} (labels that are integer literals are "
+                            "read as that integer); train the run again on its files")
+        index[key] = i
     labels = torch.full((len(texts),), -1, dtype=torch.long)
     for i, (label, line) in enumerate(zip(strings, lines)):
         if label is None:
             continue
-        k = index.get(_canonical(label, numeric))
+        k = index.get(_canonical(label))
         if k is None and not ood:
             raise DataError(f"{path}, line {line}, column {label_column!r}: unknown label "
                              f"{label!r}; known classes (from the training file): "

@@ -27,6 +27,9 @@ from .scales import CorrelatedScales
 
 __all__ = ["CorrelatedGP", "CorrelatedHead", "CGPTState", "KernelState"]
 
+#: the largest noise sigma of the CGPT / SCGPT heads: sigma^2 must be a finite float32
+MAX_NOISE = math.sqrt(torch.finfo(torch.float32).max)
+
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
@@ -377,8 +380,9 @@ class CorrelatedGP(CorrelatedHead):
                  loss: str = "jensen", samples: int = 1, observation_noise: bool = False,
                  reduction: str = "mean") -> None:
         super().__init__()
-        if not noise > 0:
-            raise ValueError(f"noise must be > 0 (sigma of CGPT eqs. 19-20), got {noise}")
+        if not 0 < noise <= MAX_NOISE:
+            raise ValueError(f"noise must be > 0 and at most {MAX_NOISE:.3g} (sigma of CGPT eqs. "
+                             f"19-20; sigma^2 must be a finite float32), got {noise}")
         self.heads, self.noise = int(heads), float(noise)
         self.loss, self.samples, self.observation_noise = loss, int(samples), bool(observation_noise)
         self.reduction = reduction

@@ -23,7 +23,7 @@ from torch import nn
 from .. import linalg
 from ..distributions.token_normal import TokenNormal
 from ..kernels.canonical_se import TARGET_SQ_DIST, CanonicalSEKernel
-from .correlated_gp import CorrelatedHead, KernelState
+from .correlated_gp import MAX_NOISE, CorrelatedHead, KernelState
 
 __all__ = ["SparseCorrelatedGP", "SCGPTState"]
 
@@ -252,8 +252,9 @@ class SparseCorrelatedGP(CorrelatedHead):
                  reduction: str = "mean") -> None:
         super().__init__()
         self.loss, self.reduction = loss, reduction
-        if not noise > 0:
-            raise ValueError(f"noise must be > 0 (the DTC noise sigma), got {noise}")
+        if not 0 < noise <= MAX_NOISE:
+            raise ValueError(f"noise must be > 0 and at most {MAX_NOISE:.3g} (the DTC noise "
+                             f"sigma; sigma^2 must be a finite float32), got {noise}")
         if k_o not in ("exact", "nystrom"):
             raise ValueError(f"k_o must be 'exact' or 'nystrom', got {k_o!r}")
         M = int(num_inducing)

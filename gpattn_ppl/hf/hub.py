@@ -7,7 +7,12 @@
 the weights in ``model.safetensors``; nothing else is needed. :func:`from_pretrained` reads
 such a folder back: it builds the host from its config, swaps the same units in again with
 ``init="random"`` and loads every weight from the safetensors files, strictly (no pickle is
-read; ``torch.load`` is never called).
+read; ``torch.load`` is never called). The folder is checked before ``transformers`` reads it
+(:func:`~gpattn_ppl.data.hf_folder.check_model_folder`): no code of it runs
+(``trust_remote_code=False``, an ``auto_map`` is refused), ``architectures`` must name a
+``PreTrainedModel`` class of the config's model type, shard names are plain file names in the
+folder, and a tensor of another dtype kind than the model's (an integer for a float weight) is
+refused; a float of another precision is cast.
 
 The record, one entry per :func:`swap` call, in call order::
 
@@ -35,6 +40,7 @@ the units' weights as unexpected: load it with :func:`from_pretrained`.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,6 +48,14 @@ import torch
 from torch import nn
 
 from ..attention import attention_options
+from ..data.hf_folder import (
+    HFFolderError,
+    check_model_folder,
+    dtype_kind,
+    transformers_failed,
+    weight_files,
+)
+from ..errors import GpattnError
 from ..models.swap import attention_units, find_attention_layers, swap_attention
 
 __all__ = ["SWAP_KEY", "SwapRecordError", "check_swap_record", "from_pretrained", "swap"]
@@ -60,7 +74,7 @@ def _transformers():
     return transformers
 
 
-class SwapRecordError(ValueError):
+class SwapRecordError(GpattnError, ValueError):
     """A model's or a folder's swap record is missing, malformed or does not match the model."""
 
 
@@ -135,12 +149,22 @@ def _record(config, where: str) -> list[dict]:
     if rec is None:
         raise SwapRecordError(f"{where}: the config has no {SWAP_KEY!r} record (not saved from a "
                               "model swapped with gpattn_ppl.hf.swap)")
-    if not isinstance(rec, list) or not all(
-            isinstance(e, dict) and {"kind", "layers", "paths", "options"} <= set(e)
-            for e in rec):
+    if not isinstance(rec, list) or not all(_entry_ok(e) for e in rec):
         raise SwapRecordError(f"{where}: malformed {SWAP_KEY!r} record (expected a list of "
-                              f"{{kind, layers, paths, options}} entries), got {rec!r}")
+                              "{kind: str, layers: [int], paths: [str], options: {str: value}} "
+                              f"entries), got {str(rec)[:200]}")
     return rec
+
+
+def _entry_ok(e) -> bool:
+    """One record entry of the right shape (a hostile ``config.json`` may hold anything)."""
+    return (isinstance(e, dict) and {"kind", "layers", "paths", "options"} <= set(e)
+            and isinstance(e["kind"], str)
+            and isinstance(e["layers"], list) and all(
+                isinstance(i, int) and not isinstance(i, bool) for i in e["layers"])
+            and isinstance(e["paths"], list) and all(isinstance(p, str) for p in e["paths"])
+            and isinstance(e["options"], dict) and all(
+                isinstance(k, str) and k.isidentifier() for k in e["options"]))
 
 
 def check_swap_record(model, where: str = "check_swap_record") -> list[dict]:
@@ -163,15 +187,32 @@ def check_swap_record(model, where: str = "check_swap_record") -> list[dict]:
 
 
 def _state_dict_files(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / s for s in shards]
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    raise FileNotFoundError(f"{folder}: no model.safetensors (or sharded index) in the folder; "
-                            "save with model.save_pretrained(folder) (safetensors, the default)")
+    """The safetensors files of ``folder``, confined to it
+    (:func:`~gpattn_ppl.data.hf_folder.weight_files`: shard names are plain file names)."""
+    return weight_files(folder)
+
+
+def _model_class(config, where: str):
+    """The ``transformers`` model class ``config.architectures[0]`` names: a
+    ``PreTrainedModel`` subclass whose config class is the config's (never another callable)."""
+    transformers = _transformers()
+    names = getattr(config, "architectures", None) or []
+    name = names[0] if isinstance(names, list) and names else None
+    if not isinstance(name, str) or not name.isidentifier():
+        raise SwapRecordError(f"{where}: the config names no transformers model class "
+                              f"(architectures={str(names)[:120]}); pass model_class")
+    try:
+        cls = getattr(transformers, name, None)
+    except (ImportError, AttributeError, RuntimeError):
+        cls = None
+    config_class = getattr(cls, "config_class", None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)
+            and isinstance(config_class, type) and isinstance(config, config_class)
+            and getattr(config_class, "model_type", None) == config.model_type):
+        raise SwapRecordError(f"{where}: architectures[0] {name!r} is not a transformers model "
+                              f"class for model_type {config.model_type!r} (a PreTrainedModel "
+                              "subclass of that config); not built. Pass model_class")
+    return cls
 
 
 def from_pretrained(folder: str | Path, model_class=None, *, device: str | torch.device = "cpu"):
@@ -187,28 +228,42 @@ def from_pretrained(folder: str | Path, model_class=None, *, device: str | torch
     :param model_class: a ``PreTrainedModel`` class, when the config names none or another.
     :param device: where the weights are loaded.
     :raises FileNotFoundError: no folder, ``config.json`` or safetensors weights.
+    :raises ~gpattn_ppl.data.hf_folder.HFFolderError: a folder that asks to run its own code
+        (``auto_map``) or names a model type ``transformers`` does not ship, a shard name that
+        is not a plain file name in the folder, a file linking out of it, a malformed index or
+        safetensors header, pickled weights only
+        (:func:`~gpattn_ppl.data.hf_folder.check_model_folder`).
     :raises SwapRecordError: no or a malformed swap record, an unknown attention kind, a swap
-        that does not give the recorded paths, or weights that do not match the rebuilt model
-        (missing, unexpected or differently shaped tensors, named).
+        that does not give the recorded paths, ``architectures`` naming anything but a
+        ``PreTrainedModel`` class of the config's model type, or weights that do not match the
+        rebuilt model (missing, unexpected, differently shaped tensors, or tensors of another
+        dtype kind: an integer or bool tensor for a float one, or the other way round; a float
+        of another precision is cast to the model's), named.
     """
     transformers = _transformers()
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
+    if not os.path.lexists(folder / "config.json"):
         raise FileNotFoundError(f"{folder}: no config.json (not a saved Hugging Face model)")
     where = f"from_pretrained({str(folder)!r})"
-    config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    check_model_folder(folder, weights=True)  # no code of the folder runs; shards confined
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True,
+                                                         trust_remote_code=False)
+    except Exception as err:  # noqa: BLE001 -- a config value of the wrong type or range
+        raise transformers_failed(folder, "read its config.json", err) from None
     rec = _record(config, where)
     if model_class is None:
-        names = getattr(config, "architectures", None) or []
-        model_class = getattr(transformers, names[0], None) if names else None
-        if model_class is None:
-            raise SwapRecordError(f"{where}: the config names no transformers model class "
-                                  f"(architectures={names!r}); pass model_class")
+        model_class = _model_class(config, where)
     files = _state_dict_files(folder)
     with torch.random.fork_rng(devices=[]):
-        model = model_class(config)
+        try:
+            model = model_class(config)
+        except Exception as err:  # noqa: BLE001 -- a config the class cannot be built from
+            raise transformers_failed(folder, "build the model from its config.json", err
+                                      ) from None
         setattr(model.config, SWAP_KEY, None)
         for entry in rec:
             try:
@@ -221,7 +276,12 @@ def from_pretrained(folder: str | Path, model_class=None, *, device: str | torch
                                       f"{[r['path'] for r in got]}, not at the recorded paths")
     state = {}
     for f in files:
-        state.update(load_file(str(f), device=str(device)))
+        try:
+            state.update(load_file(str(f), device=str(device)))
+        except (SafetensorError, OSError) as err:  # the header was checked: a corrupt body
+            first = (str(err).strip() or type(err).__name__).splitlines()[0]
+            raise HFFolderError(f"{where}: {f.name} is not a readable safetensors file "
+                                f"({first})") from None
     model.to(device)
     _load_strict(model, state, where)
     return model.eval()
@@ -235,10 +295,15 @@ def _load_strict(model: nn.Module, state: dict, where: str) -> None:
     unexpected = sorted(set(state) - set(own))
     shapes = sorted(f"{k}: saved {tuple(state[k].shape)}, model {tuple(own[k].shape)}"
                     for k in set(own) & set(state) if state[k].shape != own[k].shape)
-    if missing or unexpected or shapes:
+    # a float of another precision is cast (fp16 saved for fp32); another kind is not
+    kinds = sorted(f"{k}: saved {state[k].dtype}, model {own[k].dtype}"
+                   for k in set(own) & set(state)
+                   if dtype_kind(state[k].dtype) != dtype_kind(own[k].dtype))
+    if missing or unexpected or shapes or kinds:
         parts = [f"{name} {vals[:5]}{' ...' if len(vals) > 5 else ''}"
                  for name, vals in (("missing", missing), ("unexpected", unexpected),
-                                    ("shape mismatch", shapes)) if vals]
+                                    ("shape mismatch", shapes), ("dtype kind mismatch", kinds))
+                 if vals]
         raise SwapRecordError(f"{where}: the saved weights do not match the rebuilt model: "
                               + "; ".join(parts))
     model.load_state_dict(state, strict=False)

@@ -10,9 +10,7 @@ of it runs.
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -86,24 +84,20 @@ def load_pt(path: str | Path, map_location="cpu", *, what: str = "checkpoint"):
         raise CheckpointError(f"corrupt {what} {path}: {type(err).__name__}: {first}") from None
 
 
-def atomic_write(path: str | Path, write: Callable[[IO], None], *, binary: bool = True) -> Path:
-    """Call ``write(fh)`` on a temporary file in the same folder, fsync, then ``os.replace`` it
-    onto ``path``: a process killed at any moment leaves the previous file or the new one,
-    never a partial file (and no temporary file on an exception)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+def atomic_write(path: str | Path, write: Callable[[IO], None], *, binary: bool = True,
+                 root: str | Path | None = None) -> Path:
+    """Call ``write(fh)`` on an in-memory file, then write its content atomically with
+    :func:`gpattn_ppl.safe_files.write_atomic` (a temporary file in the same folder, fsync,
+    ``os.replace``): a process killed at any moment leaves the previous file or the new one,
+    never a partial file (and no temporary file on an exception). A link, a folder or a special
+    file at ``path`` (or a link among the folders below ``root``) is refused, nothing written."""
+    import io
+
+    from ..safe_files import write_atomic
+
+    buf = io.BytesIO() if binary else io.StringIO(newline="")
+    write(buf)
+    return write_atomic(path, buf.getvalue(), root=root)
 
 
 def save_atomic(obj, path: str | Path) -> Path:

@@ -38,20 +38,59 @@ def _transformers():
 
 
 def load_hf_encoder(checkpoint: str | Path) -> nn.Module:
-    """The pretrained encoder (``AutoModel``) of ``checkpoint``, from local files only."""
+    """The pretrained encoder (``AutoModel``) of ``checkpoint``, from local files only.
+
+    The folder is checked first (:func:`~gpattn_ppl.data.hf_folder.check_model_folder`: a
+    model type ``transformers`` ships, no ``auto_map``, safetensors weights confined to the
+    folder), ``transformers`` is called with ``trust_remote_code=False``, and a saved tensor of
+    another dtype kind than the model's (an integer or bool tensor for a float weight) is
+    refused; a float of another precision is cast to float32 (whatever ``dtype`` the config
+    names). A config ``transformers`` cannot build a model from is one line too.
+
+    :raises ~gpattn_ppl.data.hf_folder.HFFolderError: a rule broken (one line).
+    :raises FileNotFoundError: no folder, ``config.json`` or weights.
+    """
+    from ..data.hf_folder import (
+        HFFolderError,
+        check_model_folder,
+        dtype_kind,
+        float32_kw,
+        safetensors_dtypes,
+        transformers_failed,
+        weight_files,
+    )
+
     transformers = _transformers()
     path = resolve_checkpoint(checkpoint)
+    check_model_folder(path, weights=False)
+    saved = {}
+    for f in weight_files(path):  # every header checked before transformers reads a byte
+        saved.update(safetensors_dtypes(f))
     log = transformers.utils.logging
     bar = log.is_progress_bar_enabled()
     log.disable_progress_bar()
     try:
-        return transformers.AutoModel.from_pretrained(str(path), local_files_only=True)
+        model = transformers.AutoModel.from_pretrained(str(path), local_files_only=True,
+                                                       trust_remote_code=False,
+                                                       use_safetensors=True,
+                                                       **float32_kw(transformers))
     except OSError as err:
         raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: cannot load the weights "
                                 f"({err})") from None
+    except Exception as err:  # noqa: BLE001 -- a config value transformers cannot build from
+        raise transformers_failed(checkpoint, "build the model from its config.json", err
+                                  ) from None
     finally:
         if bar:
             log.enable_progress_bar()
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    for name, tensor in model.state_dict().items():
+        key = name if name in saved else f"{prefix}.{name}"
+        if key in saved and dtype_kind(saved[key]) != dtype_kind(tensor.dtype):
+            raise HFFolderError(f"checkpoint {str(checkpoint)!r}: tensor {key!r} is saved as "
+                                f"{saved[key]} ({dtype_kind(saved[key])}) for a {tensor.dtype} "
+                                f"{dtype_kind(tensor.dtype)} tensor of the model; not loaded")
+    return model
 
 
 def _mc_dropouts(module: nn.Module) -> None:

@@ -14,6 +14,7 @@ the YAML reader) is :mod:`gpattn_ppl.schema`; its names are importable from here
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -54,6 +55,21 @@ MAX_DIM = 65536
 MAX_LEN = 1_000_000
 MAX_IMAGE = 16384
 
+
+def check_image_pixels(value: int, where: str) -> None:
+    """Raise :class:`ConfigError` for an image side whose square has more pixels than Pillow
+    decodes without its decompression-bomb warning (``PIL.Image.MAX_IMAGE_PIXELS``, 89478485 by
+    default: a side of at most 9459): the most pixels this library reads or makes of one image
+    (``model.image_size``, ``data.image_size``; a side of 16384 is 768 MiB per RGB image)."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and value * value > limit:
+        raise ConfigError(f"{where}: {value} x {value} = {value * value} pixels per image, more "
+                          f"than {limit}, the most Pillow decodes (PIL.Image.MAX_IMAGE_PIXELS, "
+                          f"its decompression-bomb limit); allowed: at most {math.isqrt(limit)}")
+
+
 #: key -> :class:`Option` of the ``model`` section.
 MODEL_SCHEMA: dict[str, Option] = {
     "arch": Option(str, "text", ("text", "vit", "hf")),
@@ -64,7 +80,7 @@ MODEL_SCHEMA: dict[str, Option] = {
     "attn_dropout": Option(_NUM + (_NONE,), None, low=0, high=1, high_open=True),
     "mc_dropout": Option(bool, False),
     "max_len": _at_least(1, default=64, high=MAX_LEN),
-    "image_size": _at_least(1, default=32, high=MAX_IMAGE),
+    "image_size": _at_least(1, default=32, high=MAX_IMAGE, check=check_image_pixels),
     "patch_size": _at_least(1, default=4, high=MAX_IMAGE),
     "channels": _at_least(1, default=3, high=4096),
     "attention": Option(dict, {"kind": "softmax"}, free=True),
@@ -178,14 +194,20 @@ def _match(value: Any, ann: Any, where: str, coerce: bool) -> Any:
             return value
         raise _Mismatch
     if ann is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value  # YAML gives 1 for 1.0: the constructors take int where float is expected
-        if coerce and isinstance(value, str):
+            number = value  # YAML gives 1 for 1.0: the constructors take int where float is expected
+        elif coerce and isinstance(value, str):
             try:  # YAML 1.1 reads "1e-3" (no dot) as a string
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise _Mismatch
+        if number is None:
+            raise _Mismatch
+        if isinstance(number, float) and not math.isfinite(number):
+            # no option takes NaN or inf (a NaN rate passes every `p < 0 or p > 1` check)
+            raise ConfigError(f"{where}: {value!r} is not a finite number; give a finite float")
+        return number
     if ann is str:
         if isinstance(value, str):
             return value
@@ -218,7 +240,7 @@ def check_value(value: Any, annotation: Any, where: str) -> Any:
     returns it, a numeric string given for a float converted (YAML 1.1 reads ``1e-3`` as a string).
 
     Understood: ``int`` (``bool`` is not one), ``float`` (an ``int`` is one, as YAML writes ``1``
-    for ``1.0``), ``bool``, ``str``, ``None``, ``Optional`` / ``X | None`` and other unions,
+    for ``1.0``; NaN and infinities are refused: no option takes them), ``bool``, ``str``, ``None``, ``Optional`` / ``X | None`` and other unions,
     ``Literal[...]`` (the message lists the allowed values), ``list`` / ``tuple`` / ``Sequence``
     ``[...]`` (YAML gives a list; a tuple is taken too; items checked as ``where[i]``), ``dict`` /
     ``Mapping[K, V]``, ``Annotated[X, ...]``. Anything else (``Any``, a class, ``Callable``, a
@@ -369,6 +391,12 @@ def check_model(model: dict) -> None:
     if model["arch"] == "vit" and model["image_size"] % model["patch_size"]:
         raise ConfigError(f"model.image_size ({model['image_size']}) must be a multiple of "
                           f"model.patch_size ({model['patch_size']})")
+    if model["arch"] == "vit" and (model["image_size"] // model["patch_size"]) ** 2 > MAX_LEN:
+        n = (model["image_size"] // model["patch_size"]) ** 2
+        raise ConfigError(f"model.image_size: {model['image_size']} with model.patch_size "
+                          f"{model['patch_size']} makes {n} patches per image, the ViT's "
+                          f"sequence; allowed: at most {MAX_LEN} (the longest sequence, as "
+                          "model.max_len); raise model.patch_size or lower model.image_size")
     if not isinstance(model["sngp"], dict):
         raise ConfigError("model.sngp: expected a mapping")
     model["sngp"] = check_section(model["sngp"], SNGP_SCHEMA, "model.sngp")

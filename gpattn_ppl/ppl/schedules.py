@@ -54,6 +54,9 @@ class Schedule:
         return self.start * (self.end / self.start) ** frac
 
 
+#: the largest float32 (temperatures and scales beyond it overflow in the units' tensors)
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
 _KEYS = {"constant": {"value"}, "linear": {"start", "end", "epochs", "fraction"},
          "switch": {"value", "after", "before"},
          "exponential": {"start", "end", "epochs", "fraction"}}
@@ -97,10 +100,12 @@ def build_schedule(spec, where: str = "schedule") -> Schedule:
 
 
 def positive_float(value, name: str) -> float:
-    """``float(value)``, refusing values that are not ``> 0`` (temperatures, scales)."""
+    """``float(value)``, refusing values that are not ``> 0`` (temperatures, scales) or not a
+    finite float32 (the units' tensors are float32 or wider: a larger value overflows there)."""
     value = float(value)
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
+    if not 0 < value <= _FLOAT32_MAX:
+        raise ValueError(f"{name} must be > 0 and a finite float32 (at most {_FLOAT32_MAX:.3g}), "
+                         f"got {value}")
     return value
 
 

@@ -77,7 +77,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                      "format_paired_markdown", "format_shift_markdown", "ood_rows", "paired_rows",
                      "severity_plots", "shift_rows"),
     "runtime": ("BACKEND_ENV", "barrier", "distributed_backend", "init_distributed",
-                "peak_memory_mb", "seed_everything", "select_device"),
+                "peak_memory_mb", "seed_everything", "select_device", "usable_cpus"),
     "training": ("Trainer", "resident_data", "step0_terms"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}

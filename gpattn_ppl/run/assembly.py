@@ -146,7 +146,21 @@ def check_same_data(manifest: dict, encoder_state: dict | None, bundle, run_dir)
             f"in run.json, {now[:12]} now: files edited, an OOD file included, "
             "another split or limit)\nhint: train into another folder, or --force to retrain "
             "here")
-    if encoder_state is not None and encoder_state != strict(bundle.encoder_state):
+    current = None if encoder_state is None else strict(bundle.encoder_state)
+    if encoder_state is not None and encoder_state.get("kind") == "hf" == current.get("kind"):
+        # a pretrained checkpoint is the same by content (digest), wherever its folder is now
+        from ..data import digest_differences
+
+        recorded = encoder_state.get("digest")
+        parts = (digest_differences(recorded, current.get("digest") or {})
+                 if isinstance(recorded, dict) else "")
+        if parts:
+            raise RunFolderError(f"{run_dir}: the checkpoint folder {current.get('path')} is not "
+                                 f"the one the run was trained with: {parts}\nhint: give the "
+                                 "checkpoint it was trained with, or use another folder")
+        encoder_state, current = ({k: s.get(k) for k in ("kind", "max_len")}
+                                  for s in (encoder_state, current))
+    if encoder_state is not None and encoder_state != current:
         raise RunFolderError(f"{run_dir}: the input encoding (vocabulary / encoder settings) "
                              "differs from encoder.json\nhint: retrain, or use another folder")
 

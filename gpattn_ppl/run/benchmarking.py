@@ -209,13 +209,11 @@ def machine_info() -> dict:
 def write_json(obj: dict, path: str | Path) -> Path:
     """Write ``obj`` (plus machine info) as indented strict JSON (non-finite numbers become
     ``null``); returns the path."""
+    from ..safe_files import write_atomic
     from .output import dumps
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     obj = {"machine": machine_info(), **obj}
-    path.write_text(dumps(obj) + "\n")
-    return path
+    return write_atomic(path, dumps(obj) + "\n")  # never through a link, atomic
 
 
 _SPEC_EXAMPLE = '\'{"kind": "kernel", "symmetric": true}\''
@@ -308,7 +306,9 @@ def bench_device(args: argparse.Namespace) -> torch.device:
     """Apply ``--threads`` (when positive) and return the ``--device`` of
     :func:`bench_arg_parser`'s arguments."""
     if args.threads > 0:
-        torch.set_num_threads(args.threads)
+        from .runtime import usable_cpus
+
+        torch.set_num_threads(min(args.threads, usable_cpus()))  # a huge count crashes OpenMP
     return torch.device(args.device)
 
 

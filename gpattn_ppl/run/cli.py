@@ -22,6 +22,10 @@ __all__ = ["main", "build_parser", "CommandLineError"]
 
 _SET_HELP = ("override a config value, e.g. --set train.lr=1e-3 model.attention.kind=kernel "
              "(YAML scalars; may come before or after the positional arguments)")
+_CHECKPOINT_HELP = ("model.arch hf runs: the pretrained checkpoint folder, when it is no longer "
+                    "at the absolute path the run recorded (never looked up in the current "
+                    "directory; its config, tokenizer and weights digests must be the run's), "
+                    "e.g. --checkpoint ~/models/minilm")
 _PAIR = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-]+)*=")
 
 
@@ -97,7 +101,8 @@ def _evaluate(args) -> int:
     from .results import evaluate_run
 
     results = evaluate_run(args.run_dir, ood=args.ood, overrides=args.set,
-                           allow_changed_data=args.allow_changed_data, plots=not args.no_plots)
+                           allow_changed_data=args.allow_changed_data, plots=not args.no_plots,
+                           checkpoint=args.checkpoint)
     print(dumps(summary(results, args.run_dir)))
     return 0
 
@@ -109,53 +114,50 @@ def _predict(args) -> int:
 
     check_device(args.device, "predict --device")
     if args.out:
-        _check_predict_out(Path(args.out), Path(args.input), Path(args.run_dir), args.force)
+        _check_out_file(Path(args.out), Path(args.run_dir), args.force, source=Path(args.input))
     texts = read_inputs(args.input, args.text_column)
-    predictor = load_run(args.run_dir, device=args.device, temperature=not args.no_temperature)
+    predictor = load_run(args.run_dir, device=args.device, temperature=not args.no_temperature,
+                         checkpoint=args.checkpoint)
     if args.mean and args.samples is not None:
         raise CommandLineError("--mean and --samples exclude each other (--mean is one pass)")
     records = predictor.predict(texts, samples=args.samples, batch_size=args.batch_size,
                                 seed=args.seed, mean=True if args.mean else None)
     lines = [dumps({"text": t, **r}, indent=None) for t, r in zip(texts, records)]
     if args.out:
-        from ..infer.checkpoint import atomic_write
+        from ..safe_files import write_atomic
 
         out = Path(args.out)
-        text = "\n".join(lines) + "\n"
-
-        def write(fh) -> None:
-            fh.write(text)
-            mask = os.umask(0)  # the permissions a plain write would give (not the temp file's)
-            os.umask(mask)
-            os.fchmod(fh.fileno(), 0o666 & ~mask)
-
-        atomic_write(out, write, binary=False)  # the old file or the new one, never a part
+        # the old file or the new one, never a part; never through a link; the umask's mode
+        write_atomic(out, "\n".join(lines) + "\n", overwrite=args.force)
         print(f"wrote {len(lines)} predictions to {out}", file=sys.stderr)
     else:
         print("\n".join(lines))
     return 0
 
 
-def _check_predict_out(out: Path, source: Path, run_dir: Path, force: bool) -> None:
-    """Refuse ``predict --out`` onto the input file or into the run folder (``--force``
-    included), onto a folder, and onto an existing file without ``force``."""
+def _check_out_file(out: Path, run_dir: Path, force: bool, *, source: Path | None = None,
+                    what: str = "the predictions", example: str = "preds.jsonl") -> None:
+    """The rule of an output file the user names (``predict --out``, ``explain --out``): never
+    the input file nor anything inside the run folder (directly or through a link, ``--force``
+    included); then :func:`gpattn_ppl.safe_files.check_output_file` (never a folder, a link, a
+    FIFO, a socket or a device; an existing file only with ``force``). Writes nothing."""
+    from ..safe_files import check_output_file
+
     target, run = out.resolve(), run_dir.resolve()
     if target == run or run in target.parents:
         raise CommandLineError(f"--out {out}: inside the run folder {run_dir} (or a link into "
                                "it), where nothing but the run's own files is written (--force "
-                               "included); write the predictions elsewhere")
+                               f"included); write {what} elsewhere")
     exists = out.exists()
-    if target == source.resolve() or (exists and source.exists() and os.path.samefile(out, source)):
+    if source is not None and (target == source.resolve() or (
+            exists and source.exists() and os.path.samefile(out, source))):
         raise CommandLineError(f"--out {out}: that is the --input file (--force included); "
-                               "write the predictions elsewhere")
+                               f"write {what} elsewhere")
     if exists and run.is_dir() and any(
             f.is_file() and os.path.samefile(out, f) for f in run.rglob("*")):
         raise CommandLineError(f"--out {out}: a link to a file of the run folder {run_dir} "
-                               "(--force included); write the predictions elsewhere")
-    if out.is_dir():
-        raise CommandLineError(f"--out {out}: a folder; give a file name, e.g. {out}/preds.jsonl")
-    if exists and not force:
-        raise CommandLineError(f"--out {out}: the file exists; pass --force to overwrite it")
+                               f"(--force included); write {what} elsewhere")
+    check_output_file(out, force=force, example=example)
 
 
 def _plot(args) -> int:
@@ -174,9 +176,13 @@ def _explain(args) -> int:
     from .output import dumps
 
     check_device(args.device, "explain --device")
+    if args.out:  # the rule of predict --out: an existing file only with --force
+        _check_out_file(Path(args.out), Path(args.run_dir), args.force, what="the figure",
+                        example="why.png")
     result = explain_sentence(args.run_dir, args.text, out=args.out, samples=args.samples,
                               seed=args.seed, layer=args.layer, device=args.device,
-                              temperature=not args.no_temperature)
+                              temperature=not args.no_temperature,
+                              overwrite=args.force or not args.out)
     print(dumps(result))
     print(f"wrote {result['figure']}", file=sys.stderr)
     return 0
@@ -194,6 +200,7 @@ def _compare(args) -> int:
 
 
 def _bench(args) -> int:
+    from ..safe_files import check_output_file
     from .benchmarking import bench_layers, bench_specs, write_json
     from .config import check_device
 
@@ -202,6 +209,7 @@ def _bench(args) -> int:
         raise CommandLineError(f"--C {args.C} must be a multiple of --H {args.H} (each head "
                                "gets C / H channels)")
     kinds = bench_specs(args.kinds, args.C, args.H)  # every word checked before any timing
+    check_output_file(Path(args.out), force=True, example="layers.json")  # a file, not a link
     if args.device == "auto":
         from .runtime import select_device
 
@@ -209,7 +217,7 @@ def _bench(args) -> int:
 
     res = bench_layers(kinds, B=args.B, N=args.N, dim=args.C, heads=args.H, repeats=args.repeats,
                        device=args.device)
-    path = write_json(res, args.out)
+    path = write_json(res, args.out)  # never through a link (refused before the timing too)
     for r in res["layers"]:
         print(f"{r['kind']:>12} {r['options']}  {1e3 * r['median_s']:.2f} ms  "
               f"x{r['ratio_to_softmax']:.2f} softmax")
@@ -247,9 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "--debug train cfg.yaml")
     p.add_argument("--threads", type=_positive_int, default=None, metavar="N",
                    help="CPU threads of this process's torch operations (torch.set_num_threads; "
-                   "default: torch's, one per core); may also come after the command. On a "
-                   "shared or busy machine use 1 per process, e.g. gpattn-ppl --threads 1 "
-                   "train cfg.yaml")
+                   "default: torch's, one per core; at most the CPUs this process may run on); "
+                   "may also come after the command. On a shared or busy machine use 1 per "
+                   "process, e.g. gpattn-ppl --threads 1 train cfg.yaml")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE (dotted name or path/to/file.py) first, so the datasets, "
                    "attention units and OOD detectors it registers can be used; repeatable, "
@@ -276,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
              "draws its plots into RUN_DIR/plots", "gpattn-ppl evaluate runs/cola/softmax "
              "--ood cola_ood --set eval.temperature_scaling=true", _evaluate)
     e.add_argument("run_dir", help="a run folder written by train, e.g. runs/cola/softmax")
+    e.add_argument("--checkpoint", default=None, metavar="FOLDER", help=_CHECKPOINT_HELP)
     e.add_argument("--ood", nargs="+", default=None, metavar="NAME",
                    help="OOD sets to evaluate (default: eval.ood of the run, else every OOD set "
                    "of its dataset), e.g. --ood cola_ood")
@@ -291,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
              "pred, entropy, mutual_info, msp)", "gpattn-ppl predict runs/cola/softmax --input "
              "sentences.txt --out predictions.jsonl --samples 20", _predict)
     r.add_argument("run_dir", help="a run folder written by train, e.g. runs/cola/softmax")
+    r.add_argument("--checkpoint", default=None, metavar="FOLDER", help=_CHECKPOINT_HELP)
     r.add_argument("--input", required=True, metavar="FILE",
                    help="texts: .txt (one per line), .csv / .tsv (a 'text' column) or .jsonl "
                    "(a 'text' key), e.g. --input new.csv")
@@ -346,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", default=None, metavar="PNG",
                    help="figure path (default: RUN_DIR_explain.png beside the run folder; never "
                    "inside it), e.g. --out why.png")
+    x.add_argument("--force", action="store_true", help="overwrite an existing --out file (a "
+                   "regular file only: never a link, a device or a folder)")
     x.add_argument("--layer", default=None, metavar="PATH",
                    help="module path of the unit (default: the last stochastic unit, else the "
                    "last), e.g. --layer blocks.1.attn")
@@ -528,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     rest); a bad argument is one line and a hint too. A ``--import`` module (or an entry-point
     plugin) that calls ``sys.exit`` while being imported is an error naming it, not an exit.
     ``--debug`` (anywhere on the command line) lets the error propagate with its traceback
-    instead. ``--threads N`` (anywhere) sets ``torch.set_num_threads(N)`` first. The
+    instead. ``--threads N`` (anywhere) sets ``torch.set_num_threads(N)`` first,
+    N at most the CPUs the process may run on (a larger N is capped, with a warning line). The
     process's allocator keeps freed memory for reuse
     (:func:`~gpattn_ppl.run.allocator.keep_freed_memory`; ``GPATTN_PPL_MALLOC=system`` to opt out).
 
@@ -548,7 +561,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         import torch
 
-        torch.set_num_threads(args.threads)
+        from .runtime import usable_cpus
+
+        cpus = usable_cpus()
+        if args.threads > cpus:  # bounded by the machine (a huge count crashes OpenMP)
+            print(f"{prog}: warning: --threads {args.threads} is more than the {cpus} CPUs this "
+                  f"process may run on; using {cpus}", file=sys.stderr)
+        torch.set_num_threads(min(args.threads, cpus))
     try:
         _import_plugins(args.imports)
         return args.fn(args)

@@ -175,20 +175,21 @@ def format_markdown(rows: list[dict], reference: str | None = "softmax + TS") ->
 
 def write_table(rows: list[dict], out_dir: str | Path) -> tuple[Path, Path]:
     """Write ``results.md`` and ``results.csv`` (mean and std columns) into ``out_dir``."""
+    import io
+
+    from ..safe_files import write_atomic
+
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md = out_dir / "results.md"
-    md.write_text(format_markdown(rows) + "\n")
-    path = out_dir / "results.csv"
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        titles = [t for t, _, _ in TABLE_COLUMNS]
-        w.writerow(["method", "runs"] + [f"{t} {s}" for t in titles for s in ("mean", "std")]
-                   + ["best detector"])
-        for r in rows:
-            w.writerow([r["method"], r["runs"]] + [v for t in titles for v in r[t]]
-                       + [r.get("best detector")])
-    return md, path
+    md = write_atomic(out_dir / "results.md", format_markdown(rows) + "\n")
+    fh = io.StringIO(newline="")
+    w = csv.writer(fh)
+    titles = [t for t, _, _ in TABLE_COLUMNS]
+    w.writerow(["method", "runs"] + [f"{t} {s}" for t in titles for s in ("mean", "std")]
+               + ["best detector"])
+    for r in rows:
+        w.writerow([r["method"], r["runs"]] + [v for t in titles for v in r[t]]
+                   + [r.get("best detector")])
+    return md, write_atomic(out_dir / "results.csv", fh.getvalue())
 
 
 def ensemble_results(run_dirs: list[Path], cfg: dict) -> dict:
@@ -397,6 +398,9 @@ def _read_compare_manifest(out_dir: Path, force: bool) -> dict:
     """The manifest of an earlier comparison in ``out_dir`` (``{}`` when there is none; also
     with ``force`` when the file is not one)."""
     path = out_dir / COMPARE_MANIFEST
+    if path.is_symlink():  # dangling or not: written at the end, never through a link
+        _fail(f"{path} is a symbolic link (compare writes its manifest there, never through a "
+              "link, --force included); move it away or use another --out folder")
     if not path.exists():
         return {}
     if not path.is_file():
@@ -425,6 +429,9 @@ def _check_outputs(out_dir: Path, plots_dir: str | None, owned: set[str], force:
     targets = [out_dir / t for t in _TABLES]
     if plots_dir is not None:
         folder = out_dir / plots_dir
+        if folder.is_symlink():
+            _fail(f"{folder} is a symbolic link ({command} writes its figures there, never "
+                  "through a link, --force included); move it away or use another --out folder")
         if folder.exists() and not folder.is_dir():
             _fail(f"{folder} exists and is not a folder (the figures go there); move it away or "
                   "use another --out folder")
@@ -434,9 +441,12 @@ def _check_outputs(out_dir: Path, plots_dir: str | None, owned: set[str], force:
     for path in targets:
         if not path.exists() and not path.is_symlink():
             continue
-        if path.is_dir() or not (path.is_file() or path.is_symlink()):
-            _fail(f"{path} exists and is not a file ({command} writes a file there); move it "
-                  "away or use another --out folder")
+        if path.is_symlink() or not path.is_file():  # replaced are regular files only
+            from ..safe_files import path_kind
+
+            _fail(f"{path} exists and is {path_kind(path.lstat().st_mode)}, not a regular file "
+                  f"({command} writes a file there, never through a link, --force included); "
+                  "move it away or use another --out folder")
         rel = path.relative_to(out_dir).as_posix()
         if rel not in owned:
             foreign.append(rel)
@@ -494,6 +504,11 @@ def plan_compare(configs: list[str | Path | dict], seeds: list[int], out_dir: st
         if (out_dir / method).exists() and not (out_dir / method).is_dir():
             _fail(f"{out_dir / method} exists and is not a folder (the runs of method "
                   f"{method!r} go there); move it away or use another --out folder")
+        for link in [out_dir / method] + [run.run_dir for run in planned]:
+            if link.is_symlink():  # the runs are written inside --out, never through a link
+                _fail(f"{link} is a symbolic link (the runs of method {method!r} go there, "
+                      "never through a link, --force included); move it away or use another "
+                      "--out folder")
         for run in planned:
             check_device_available(run.cfg["train"]["device"])
             run.action = check_run_folder(run.run_dir, run.cfg, resume=not force, force=force)
@@ -586,7 +601,7 @@ def execute_plan(plan: ComparePlan, *, bundle_cache: bool = True) -> tuple[list[
         chosen = {tuple(plan.runs[m][0].cfg["eval"]["ood_detectors"] or ()) for m in plan.methods}
         kw = {"detectors": list(chosen.pop())} if len(chosen) == 1 and () not in chosen else {}
         figures = plot_compare({m: [r.run_dir for r in plan.runs[m]] for m in plan.methods},
-                               out_dir / plan.plots_dir, **kw)
+                               out_dir / plan.plots_dir, root=out_dir, **kw)
         _write_manifest(plan, {p.relative_to(out_dir).as_posix() for p in figures})
     return rows, figures
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from ..models.spec import MAX_IMAGE, MAX_LEN, MODEL_SCHEMA, check_model
+from ..models.spec import MAX_IMAGE, MAX_LEN, MODEL_SCHEMA, check_image_pixels, check_model
 from ..schema import (
     ConfigError,
     Option,
@@ -231,7 +231,8 @@ SCHEMA: dict[str, Any] = {
         "train_dir": Option((str, _NONE), None), "val_dir": Option((str, _NONE), None),
         "test_dir": Option((str, _NONE), None),
         "ood_dirs": Option((dict, _NONE), None, check=_named_paths("folder")),
-        "image_size": _positive((int, _NONE), high=MAX_IMAGE),
+        "image_size": Option((int, _NONE), None, low=1, high=MAX_IMAGE,
+                             check=check_image_pixels),
         # option of cifar10: CIFAR-10-C shift sets ("all", "severity5" or ["fog:5", ...])
         "corruptions": Option((str, list, _NONE), None, check=_check_corruptions),
         # ... applied to a seeded, label-stratified subset of this many test images (None: all)
@@ -442,6 +443,9 @@ def _try_units(model: dict) -> None:
             except (ValueError, TypeError) as err:
                 raise ConfigError(f"{where} (kind {spec['kind']!r}): {err}") from None
             except RuntimeError as err:  # an option so large that its parameters do not fit
+                if "overflow" in str(err):  # a finite float beyond the parameters' dtype
+                    raise ConfigError(f"{where} (kind {spec['kind']!r}): a value is too large "
+                                      f"for the unit's parameters ({err})") from None
                 if "allocate" not in str(err) and "out of memory" not in str(err):
                     raise
                 raise ConfigError(f"{where} (kind {spec['kind']!r}): its options ask for more "

@@ -195,6 +195,13 @@ def run_demo(out_dir: str | Path = "demo_out", *, smoke: bool = False, seed: int
         if twice:
             raise ValueError(f"demo {what}(s) given more than once: {', '.join(twice)}")
     tasks = tasks or list(DEMO_TASKS)
+    for task in tasks:  # each task's runs, tables and figures are written inside --out
+        if (out_dir / task).is_symlink():
+            from ..safe_files import UnsafePathError
+
+            raise UnsafePathError(f"refused to write into {out_dir / task}: it is a symbolic "
+                                  f"link, not a folder inside {out_dir} (--force included); "
+                                  "nothing was written")
     if not (resume or force):
         held = [f"{t}/{m}/seed{seed}" for t in tasks for m in chosen
                 if holds_run(out_dir / t / m / f"seed{seed}")]
@@ -207,7 +214,10 @@ def run_demo(out_dir: str | Path = "demo_out", *, smoke: bool = False, seed: int
     lla = "softmax" in chosen and laplace_available()
     data = {"encoder": encoder}
     if encoder == "minilm":
-        data["cache_dir"] = str(out_dir / "features")
+        from ..safe_files import ensure_dir
+
+        # the feature cache: a real folder inside --out (a link there is refused)
+        data["cache_dir"] = str(ensure_dir(out_dir / "features", root=out_dir))
     plans = []
     for task in tasks:
         base = _merge(_BASE, DEMO_TASKS[task][0])

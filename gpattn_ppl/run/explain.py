@@ -6,8 +6,9 @@ For a text :math:`x` with :math:`N` tokens and a unit with :math:`H` heads,
 
 * the unit's attention matrices :math:`A_h \in \mathbb R^{N \times N}` (rows: queries,
   columns: keys; :meth:`~gpattn_ppl.attention.AttentionUnit.attention_matrix`, the posterior
-  mean for stochastic units, whose weights may be negative, e.g. SGPA's) at the unit's input on
-  this text;
+  mean for stochastic units, whose weights may be negative, e.g. SGPA's; for KEP-SVGP, which
+  weighs no values, the attention kernel its kernel-eigen pair reconstructs,
+  :math:`E\Lambda^{-1}R^\top`) at the unit's input on this text;
 * per-token uncertainty: the predictive variance of the unit's head outputs
   :math:`\frac1D\sum_d \mathrm{Var}[o_{h,n,d}]` per head :math:`h` and token :math:`n`
   (:meth:`~gpattn_ppl.attention.AttentionUnit.predictive`; 0 for deterministic units), and the
@@ -82,6 +83,22 @@ def _token_labels(encoder, text: str, n: int) -> list[str]:
     return labels
 
 
+def _check_utf8(text: str) -> None:
+    """Raise :class:`~gpattn_ppl.errors.DataError` for a text that is not Unicode text: bytes
+    that were not UTF-8 (the command line passes them on as the surrogates ``U+DC80..U+DCFF``)
+    or another lone surrogate, naming the first one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        from ..errors import DataError
+
+        code = ord(text[err.start])
+        what = (f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF
+                else f"a lone surrogate U+{code:04X}")
+        raise DataError(f"text: not valid UTF-8 ({what} at character {err.start + 1}); give "
+                        "the sentence as UTF-8") from None
+
+
 def _capture(unit):
     """A forward hook on ``unit`` recording its inputs ``(x, mask)`` and every output."""
     record: dict = {"outputs": []}
@@ -99,7 +116,7 @@ def _capture(unit):
 def explain_sentence(run_dir: str | os.PathLike, text: str, *,
                      out: str | os.PathLike | None = None, samples: int | None = None,
                      seed: int = 0, layer: str | None = None, device: str = "cpu",
-                     temperature: bool = True) -> dict:
+                     temperature: bool = True, overwrite: bool = True) -> dict:
     """Explain one prediction of a trained run; draw the figure and return the numbers.
 
     :param run_dir: a run folder written by ``gpattn-ppl train``.
@@ -111,23 +128,32 @@ def explain_sentence(run_dir: str | os.PathLike, text: str, *,
     :param layer: module path of the unit (default: the last stochastic unit, else the last
         unit), e.g. ``"blocks.1.attn"``.
     :param temperature: apply the run's fitted temperature.
+    :param overwrite: replace an existing figure (a regular file only; ``explain --out`` passes
+        ``--force``): a link, a folder or a special file at ``out`` is refused either way.
     :returns: ``{"text", "tokens" [N], "layer", "unit", "temperature", "samples", "pred",
         "probs" {class: p}, "probs_std" {class: sd over passes}, "entropy", "mutual_info",
         "msp", "attention" [H][N][N], "predictive_variance" [H][N] or None,
         "mc_output_variance" [N] or None, "figure"}``.
-    :raises ValueError: an empty text, a run without attention units, an unknown ``layer``, or
-        ``out`` inside the run folder.
+    :raises ValueError: an empty text or one that is not UTF-8 (a
+        :class:`~gpattn_ppl.errors.DataError`), a run without attention units, an unknown
+        ``layer``, or
+        ``out`` inside the run folder, a link, a folder or a special file, or an existing file
+        without ``overwrite`` (:class:`gpattn_ppl.safe_files.UnsafePathError`).
     """
     from ..settings import posterior_mean
     from .predictor import load_run
 
     if not isinstance(text, str) or not text.strip():
         raise ValueError("text is empty; give a sentence to explain")
+    _check_utf8(text)
     run_dir = Path(run_dir)
     png = Path(out) if out is not None else run_dir.parent / f"{run_dir.name}_explain.png"
     if run_dir.resolve() in png.resolve().parents:
         raise ValueError(f"--out {png}: inside the run folder {run_dir}, where nothing but the "
                          "run's own files is written; write the figure elsewhere")
+    from ..safe_files import check_output_file
+
+    check_output_file(png, force=overwrite, example="why.png")  # before any work
     predictor = load_run(run_dir, device=device, temperature=temperature)
     net = predictor.program.net
     path, unit = _choose_unit(net, layer)
@@ -166,11 +192,11 @@ def explain_sentence(run_dir: str | os.PathLike, text: str, *,
         "predictive_variance": None if pv is None else pv.tolist(),
         "mc_output_variance": None if mc is None else mc.tolist(),
     }
-    result["figure"] = str(_draw(result, png))
+    result["figure"] = str(_draw(result, png, overwrite))
     return result
 
 
-def _draw(r: dict, png: Path) -> Path:
+def _draw(r: dict, png: Path, overwrite: bool = True) -> Path:
     """The figure of :func:`explain_sentence`: attention per head (one shared colour bar), per-token
     predictive variance (heads x tokens, colour bar) and MC output variance, class
     probabilities (the top ones, ±1 s.d. over passes)."""
@@ -244,4 +270,4 @@ def _draw(r: dict, png: Path) -> Path:
                  f"nats, MI {mi}", fontsize="small")
     shown = r["text"] if len(r["text"]) <= 90 else r["text"][:87] + "..."
     fig.suptitle(f"“{shown}”")
-    return _save(fig, png)
+    return _save(fig, png, overwrite=overwrite)

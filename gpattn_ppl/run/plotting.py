@@ -65,12 +65,19 @@ def _check_results(results) -> None:
             raise ValueError(f"results[{name!r}] must be a (probs, labels) pair")
 
 
-def _save(fig: Figure, path: str | os.PathLike) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
+def _save(fig: Figure, path: str | os.PathLike, root: str | os.PathLike | None = None, *,
+          overwrite: bool = True) -> Path:
+    """Render ``fig`` as PNG and write it atomically (:func:`gpattn_ppl.safe_files.write_atomic`:
+    never through a link, the folders below ``root`` real folders; an existing file replaced
+    only with ``overwrite``)."""
+    import io
+
+    from ..safe_files import write_atomic
+
+    buf = io.BytesIO()
     FigureCanvasAgg(fig)
-    fig.savefig(out, format="png", dpi=120)
-    return out
+    fig.savefig(buf, format="png", dpi=120)
+    return write_atomic(path, buf.getvalue(), root=root, overwrite=overwrite)
 
 
 def _zoom_lower(bins: dict, num_classes: int) -> float:
@@ -802,6 +809,7 @@ def plot_compare(
     *,
     detectors: Sequence[str] = ("max_softmax", "entropy", "mutual_info"),
     reference: str | None = "softmax",
+    root: str | os.PathLike | None = None,
 ) -> list[Path]:
     r"""Seed-pooled figures of a comparison: one figure per plot type, methods labelled.
 
@@ -829,6 +837,8 @@ def plot_compare(
     :param out_dir: output folder (created).
     :param detectors: OOD scores (:data:`gpattn_ppl.ood.SCORE_NAMES`).
     :param reference: the method drawn grey in every panel (``None`` or absent: none).
+    :param root: the folder the user named, ``out_dir`` or above it (default ``out_dir``): the
+        folders between it and the figures must be real folders, not links.
     :returns: the written paths, in the order above.
     """
     if not isinstance(runs, Mapping) or not runs or any(not list(v) for v in runs.values()):
@@ -846,15 +856,17 @@ def plot_compare(
             else:
                 ref_preds = (method, loaded[method])
     out = Path(out_dir)
+    root = out if root is None else Path(root)
     test = {m: [(p["test"]["probs"], p["test"]["labels"]) for p in ps] for m, ps in loaded.items()}
     ref_test = None if ref_preds is None else (
         ref_preds[0], [(p["test"]["probs"], p["test"]["labels"]) for p in ref_preds[1]])
-    written = [_save(_pooled_reliability(test, ref_test), out / "reliability.png"),
-               _save(_pooled_risk_coverage(test, ref_test), out / "risk_coverage.png")]
+    written = [_save(_pooled_reliability(test, ref_test), out / "reliability.png", root),
+               _save(_pooled_risk_coverage(test, ref_test), out / "risk_coverage.png",
+                     root)]
     for score in ("mutual_info", "entropy"):
         fig = _pooled_rejection(test, ref_test, score)
         if fig is not None:
-            written.append(_save(fig, out / f"rejection_{score}.png"))
+            written.append(_save(fig, out / f"rejection_{score}.png", root))
     ood_sets = list(dict.fromkeys(k for ps in loaded.values() for p in ps for k in p
                                   if k not in ("test", "val")))
     for ood_set in ood_sets:
@@ -870,13 +882,14 @@ def plot_compare(
                              if s is not None]
                 ref = (ref_preds[0], ref_pairs) if ref_pairs else None
             stem = f"ood_{_file_part(ood_set)}_{det}"
-            written.append(_save(_pooled_roc(pairs, ref, det, ood_set), out / f"{stem}_roc.png"))
+            written.append(_save(_pooled_roc(pairs, ref, det, ood_set),
+                                 out / f"{stem}_roc.png", root))
             panels = {f"{m} ({len(v)} seed{'s' if len(v) > 1 else ''})":
                       (torch.cat([a for a, _ in v]), {ood_set: torch.cat([b for _, b in v])})
                       for m, v in pairs.items()}
             fig = _ood_histogram_figure(
                 panels, det, title=f"ID test vs OOD set {ood_set} — score {det}, seeds pooled")
-            written.append(_save(fig, out / f"{stem}.png"))
+            written.append(_save(fig, out / f"{stem}.png", root))
     return written
 
 
@@ -990,6 +1003,7 @@ def plot_runs(
     detectors: Sequence[str] = ("max_softmax", "entropy", "mutual_info"),
     temperature: Mapping[str, float] | None = None,
     predictive: str = "raw",
+    root: str | os.PathLike | None = None,
 ) -> list[Path]:
     r"""Evaluation figures of finished runs from their ``predictions.pt``.
 
@@ -1029,6 +1043,9 @@ def plot_runs(
     :param temperature: optional ``{name: tau}`` (e.g. from
         :func:`gpattn_ppl.metrics.fit_temperature` on the validation logits).
     :param predictive: ``"raw"``, ``"ts"`` or ``"both"`` (``PREDICTIVES``).
+    :param root: the folder the user named, ``out_dir`` or above it (default ``out_dir``; a run
+        folder for its ``plots/``): the folders between it and the figures must be real
+        folders, not links.
     :returns: the written paths, in the order above (per OOD set: histograms, then ROC).
     :raises FileNotFoundError: a run folder without ``predictions.pt``.
     :raises ValueError: no runs, bad names, unknown detectors, temperature keys or predictive.
@@ -1065,10 +1082,12 @@ def plot_runs(
     which = {"raw": "raw predictive", "ts": "temperature-scaled predictive (+ TS)"}
     title = "Reliability (test set) — " + " and ".join(which[k] for k in sorted(kinds))
     out = Path(out_dir)
+    root = out if root is None else Path(root)
     test = {name: (r["test"]["probs"], r["test"]["labels"]) for name, r in runs.items()}
-    written = [reliability_diagram(test, out / "reliability.png", title=title),
-               risk_coverage_plot(test, out / "risk_coverage.png"),
-               rejection_curve_plot(test, out / "rejection.png")]
+    written = [_save(_reliability_figure(test, title=title), out / "reliability.png", root),
+               _save(_risk_coverage_figure(test), out / "risk_coverage.png", root),
+               _save(_rejection_figure(test, ("mutual_info", "entropy", "max_softmax")),
+                     out / "rejection.png", root)]
     ood_sets = list(dict.fromkeys(k for r in runs.values() for k in r if k not in ("test", "val")))
     for ood_set in ood_sets:
         rocs: dict[str, dict] = {}
@@ -1085,8 +1104,9 @@ def plot_runs(
             if panels:
                 fig = _ood_histogram_figure(
                     panels, det, title=f"ID test vs OOD set {ood_set} — score {det}")
-                written.append(_save(fig, out / f"ood_{_file_part(ood_set)}_{det}.png"))
+                written.append(_save(fig, out / f"ood_{_file_part(ood_set)}_{det}.png",
+                                     root))
         if rocs:
             fig = _roc_figure(rocs, title=f"ROC, ID test vs OOD set {ood_set}")
-            written.append(_save(fig, out / f"ood_{_file_part(ood_set)}_roc.png"))
+            written.append(_save(fig, out / f"ood_{_file_part(ood_set)}_roc.png", root))
     return written

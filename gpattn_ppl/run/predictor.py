@@ -112,7 +112,7 @@ class Predictor:
 
 
 def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu",
-             temperature: bool = True) -> Predictor:
+             temperature: bool = True, checkpoint: str | Path | None = None) -> Predictor:
     """Restore a trained run folder for prediction.
 
     :param run_dir: a folder written by ``gpattn-ppl train`` (or
@@ -120,10 +120,16 @@ def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu",
     :param device: where to run the network (``"auto"``: CUDA when available).
     :param temperature: apply the run's fitted temperature (recorded in ``results.json``) if it
         has one.
+    :param checkpoint: ``arch: hf`` runs: the pretrained checkpoint folder, where it is not at
+        the absolute path the run recorded (never looked up in the current directory); its
+        digest must be the recorded one.
     :raises RunFolderError: not a run folder, one written by an older version, an invalid file
         in it, or a config that needs a plugin not imported (the run records its ``--import``
         modules; they are never imported from a run folder: import them first).
     :raises CheckpointError: ``best.pt`` missing, corrupt, unsafe or of another model.
+    :raises ~gpattn_ppl.data.hf_folder.HFFolderError: ``arch: hf``: the checkpoint folder is
+        gone, asks to run code, or is not the one trained with (config, tokenizer or weights
+        digest differs; both named).
     """
     from ..infer import PyroProgram
     from .assembly import build_net
@@ -132,7 +138,8 @@ def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu",
 
     folder = open_run(run_dir)
     cfg, manifest = dict(folder.config), folder.manifest
-    encoder = folder.encoder()
+    encoder = folder.encoder(checkpoint=checkpoint)
+    cfg = folder.pin_checkpoint(cfg, encoder)  # the model from the tokenizer's checked folder
     tau = folder.temperature() if temperature else None
     device = select_device(device) if isinstance(device, str) else torch.device(device)
     net = build_net(cfg, manifest["sizes"]).to(device)

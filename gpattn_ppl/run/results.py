@@ -123,7 +123,7 @@ def numerics_summary(history: list, evaluation: dict) -> dict:
 
 def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
                  overrides: list[str] | None = None, *, allow_changed_data: bool = False,
-                 plots: bool = False) -> dict:
+                 plots: bool = False, checkpoint: str | Path | None = None) -> dict:
     """Re-evaluate a finished run folder (``gpattn-ppl evaluate``): its config, data, model,
     ``best.pt`` and program; no optimiser is built, ``last.pt`` and the warm-start file are not
     needed. Rewrites ``results.json`` and ``predictions.pt`` under the folder's lock.
@@ -134,8 +134,13 @@ def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
     :param allow_changed_data: evaluate even if the data's fingerprint differs from the one
         stored at training (the results then carry a warning saying so).
     :param plots: also draw the run's figures into ``RUN_DIR/plots`` (listed in its manifest).
+    :param checkpoint: ``arch: hf`` runs: the pretrained checkpoint folder, where it is not at
+        the absolute path the run recorded (never looked up in the current directory); its
+        digest must be the recorded one.
     :raises RunFolderError: not a run folder, an invalid file in it, another process writing
         it, or its data changed since training.
+    :raises ~gpattn_ppl.data.hf_folder.HFFolderError: ``arch: hf``: the checkpoint folder is
+        gone, asks to run code, or is not the one trained with (both digests named).
     """
     bad = [o for o in overrides or []
            if not o.strip().startswith(("eval.", "train.device="))]
@@ -145,6 +150,9 @@ def evaluate_run(run_dir: str | Path, ood: list[str] | None = None,
     folder = open_run(run_dir, overrides)
     cfg = dict(folder.config)
     check_extras(cfg)  # the data is loaded again: the packages it needs must be here
+    # arch: hf: the checkpoint recorded at training (digest checked), not the current directory's
+    if cfg["model"]["arch"] == "hf":
+        cfg = folder.pin_checkpoint(cfg, folder.encoder(checkpoint=checkpoint))
     check_device_available(cfg["train"]["device"])
     rank, world = init_distributed()
     device = select_device(cfg["train"]["device"], rank)
@@ -189,4 +197,5 @@ def draw_run_plots(run_dir: Path, detectors: list[str] | None = None) -> list[Pa
     kw = {} if detectors is None else {"detectors": list(detectors)}
     record_files(run_dir, [f"plots/{n}" for n in planned_plot_names([run_dir], **kw)])
     # the raw predictive and, when the evaluation fitted a temperature, the tempered one beside it
-    return plot_runs([run_dir], run_dir / "plots", predictive="both", **kw)
+    # root: a symlinked plots/ is refused (nothing written through it)
+    return plot_runs([run_dir], run_dir / "plots", predictive="both", root=run_dir, **kw)

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GpattnError
+from ..safe_files import open_lock_file, rewrite_lock_file
 
 __all__ = ["IGNORED_KEYS", "RUN_FILES", "LOCK_FILE", "RunFolderError", "RunLock", "acquire_lock",
            "check_run_folder",
@@ -221,8 +222,9 @@ def clear_run_files(run_dir: str | Path) -> None:
     """Remove the files the run's manifest lists (:func:`listed_files`) and orphaned
     temporaries of those files; ``plots/`` only if it is then empty; of a listed
     ``tensorboard/``, the ``events.out.tfevents.*`` files in it, and the folder if it is then
-    empty; anything else in the folder is left alone. Symbolic links are removed as links (never followed); the manifest goes
-    last, so an interrupted clear is cleared again by the next ``--force``."""
+    empty; anything else in the folder is left alone. Symbolic links are removed as links (never
+    followed), and nothing is removed inside a symlinked ``plots/`` or ``tensorboard/``; the
+    manifest goes last, so an interrupted clear is cleared again by the next ``--force``."""
     run_dir = Path(run_dir)
     files = listed_files(run_dir)
     for name in sorted(files, key=lambda f: (f == "run.json", f == LOCK_FILE, f)):
@@ -237,6 +239,8 @@ def clear_run_files(run_dir: str | Path) -> None:
                 if not any(path.iterdir()):
                     path.rmdir()
             continue
+        if path.parent != run_dir and path.parent.is_symlink():
+            continue  # plots/ is a link: nothing is removed through it, where it points
         if path.is_symlink() or path.is_file():
             path.unlink()
         for tmp in path.parent.glob(f".{path.name}.*.tmp"):
@@ -349,6 +353,8 @@ def acquire_lock(run_dir: str | Path) -> RunLock:
     """Take ``run_dir``'s write lock (creating the folder); see :func:`run_lock`.
 
     :raises RunFolderError: another process holds it (one line naming its pid and start).
+    :raises gpattn_ppl.safe_files.UnsafePathError: ``.lock`` is a link, a folder, a FIFO, a
+        socket, a device or a second name of another file (nothing written to it).
     """
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -359,13 +365,14 @@ def acquire_lock(run_dir: str | Path) -> RunLock:
     except OSError as err:
         raise RunFolderError(f"cannot create the run folder {run_dir}: {err.strerror}") from None
     path = run_dir / LOCK_FILE
-    new_file = not path.exists()
     try:
         import fcntl
     except ImportError:  # not POSIX: no advisory locks; one writer is then the user's duty
-        return RunLock(open(path, "a+"), path, created, new_file)
+        fh, new_file = open_lock_file(path)
+        return RunLock(fh, path, created, new_file)
     while True:
-        fh = open(path, "a+")
+        # never through a link, onto a special file or a second name of another file
+        fh, new_file = open_lock_file(path)
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -376,16 +383,18 @@ def acquire_lock(run_dir: str | Path) -> RunLock:
                                  "finish, or use another --out folder") from None
         # the file we locked must still be the one at the path (a refused first run removes it)
         try:
-            same = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+            same = os.lstat(path).st_ino == os.fstat(fh.fileno()).st_ino
         except FileNotFoundError:
             same = False
         if same:
             break
         fh.close()
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"process {os.getpid()} (since {time.strftime('%Y-%m-%d %H:%M:%S')})")
-    fh.flush()
+    try:
+        rewrite_lock_file(fh, f"process {os.getpid()} (since "
+                          f"{time.strftime('%Y-%m-%d %H:%M:%S')})", path)
+    except BaseException:
+        fh.close()
+        raise
     return RunLock(fh, path, created, new_file)
 
 

@@ -68,14 +68,33 @@ class RunFolder:
         return state
 
     def encoder(self, **kw):
-        """The input encoder of ``encoder.json`` (:func:`gpattn_ppl.data.encoder_from_state`)."""
-        from ..data import encoder_from_state
+        """The input encoder of ``encoder.json`` (:func:`gpattn_ppl.data.encoder_from_state`).
+
+        An ``arch: hf`` run's checkpoint folder is found from its record (the absolute path, or
+        ``checkpoint=PATH``; never the current directory) and its digest checked
+        (:func:`~gpattn_ppl.data.hf_folder.locate_checkpoint`); the encoder's ``folder`` is it.
+
+        :raises ~gpattn_ppl.data.hf_folder.HFFolderError: the checkpoint folder is gone, breaks
+            a rule, or is not the one the run was trained with (both digests named).
+        """
+        from ..data import HFFolderError, encoder_from_state
 
         try:
-            return encoder_from_state(self.encoder_state(), **kw)
+            return encoder_from_state(self.encoder_state(), where=str(self.path / "encoder.json"),
+                                      **kw)
+        except HFFolderError:
+            raise
         except (ValueError, TypeError, KeyError) as err:
             raise RunFolderError(f"{self.path / 'encoder.json'} is invalid: "
                                  f"{_first_line(err)}") from None
+
+    def pin_checkpoint(self, cfg: dict, encoder) -> dict:
+        """``cfg`` with ``model.checkpoint`` set to the folder ``encoder`` (of :meth:`encoder`)
+        found and checked, for an ``arch: hf`` run (others: ``cfg`` as is), so the model is
+        built from the same folder as the tokenizer."""
+        if getattr(encoder, "kind", None) != "hf" or cfg["model"].get("arch") != "hf":
+            return cfg
+        return {**cfg, "model": {**cfg["model"], "checkpoint": str(encoder.folder)}}
 
     def history(self) -> list[dict]:
         """``history.json``: one mapping per epoch (``[]`` when the run has none yet)."""

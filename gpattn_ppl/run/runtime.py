@@ -12,11 +12,21 @@ import threading
 import torch
 
 __all__ = ["BACKEND_ENV", "barrier", "distributed_backend", "init_distributed", "peak_memory_mb",
-           "seed_everything", "select_device"]
+           "seed_everything", "select_device", "usable_cpus"]
 
 #: environment variable naming the torch.distributed backend (``nccl``, ``gloo``, ...); unset or
 #: empty: :func:`distributed_backend` chooses
 BACKEND_ENV = "GPATTN_DIST_BACKEND"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one, else
+    ``os.cpu_count()``), at least 1: the bound of ``--threads`` (more threads than that only
+    contend, and an absurd count makes OpenMP crash the process)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def select_device(name: str = "auto", rank: int = 0) -> torch.device:

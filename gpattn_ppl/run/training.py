@@ -76,6 +76,37 @@ from .runtime import (
 __all__ = ["Trainer", "resident_data", "step0_terms"]
 
 
+def _truncate_events(folder: Path, step: int, *, root: Path) -> list[Path]:
+    """Rewrite each TensorBoard event file in ``folder`` without its events at ``step`` or
+    later (the file-version record kept), atomically and never through a link
+    (:func:`gpattn_ppl.safe_files.write_atomic`); returns the files rewritten. A file cut short
+    by a kill keeps its complete records."""
+    import io
+
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from ..safe_files import write_atomic
+
+    def kept(record: bytes) -> bool:
+        event = event_pb2.Event.FromString(record)
+        return event.step < step or event.HasField("file_version")
+
+    rewritten = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        records = list(RawEventFileLoader(str(path)).Load())
+        keep = [r for r in records if kept(r)]
+        if len(keep) == len(records):
+            continue
+        buf = io.BytesIO()
+        writer = RecordWriter(buf)
+        for record in keep:
+            writer.write(record)
+        rewritten.append(write_atomic(path, buf.getvalue(), root=root))
+    return rewritten
+
+
 def resident_data(setting: bool | str, device: torch.device) -> bool:
     """Whether the splits are moved to ``device`` once (``data.resident``; ``auto``: on CUDA,
     where a per-batch host gather and copy would leave the GPU waiting)."""
@@ -464,8 +495,6 @@ class Trainer:
         try:
             if self.rank == 0:
                 self._write_static()
-                if self.cfg["train"]["tensorboard"]:
-                    self._open_tensorboard()
             return self._train_and_evaluate(tqdm)
         finally:
             self.memory.stop()
@@ -474,13 +503,24 @@ class Trainer:
                 self._tb = None
 
     def _open_tensorboard(self) -> None:
-        """``RUN_DIR/tensorboard`` (listed in the manifest first) and its writer."""
+        """``RUN_DIR/tensorboard`` (listed in the manifest first; a real folder, not a link) and
+        its writer. A resumed run is truncated to its checkpoint: the event files lose every
+        event from the first step after ``last.pt`` on (``_truncate_events``, so any reader
+        agrees), and the new writer purges from that step (``purge_step``): the steps a killed
+        process logged past ``last.pt`` never appear twice."""
         from torch.utils.tensorboard import SummaryWriter
 
+        from ..safe_files import ensure_dir
         from .rundir import record_files
 
         record_files(self.run_dir, ["tensorboard/"])
-        self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        folder = ensure_dir(self.run_dir / "tensorboard", root=self.run_dir)
+        purge = None
+        if self.action == "resume":
+            # step-level scalars count optimizer steps, epoch-level ones epochs (<= the steps)
+            purge = self.epoch * self.steps_per_epoch + 1
+            _truncate_events(folder, purge, root=self.run_dir)
+        self._tb = SummaryWriter(log_dir=str(folder), purge_step=purge)
 
     def _log_tensorboard(self, row: dict) -> None:
         """One epoch's scalars: the loss, each objective term and its weighted share
@@ -517,6 +557,8 @@ class Trainer:
         # (after the last epoch no later epoch rewrites them): rewrite them from the checkpoint
         if self.action == "resume" and self.resume() and self.rank == 0:
             self._write_logs()
+        if self.rank == 0 and self.cfg["train"]["tensorboard"]:
+            self._open_tensorboard()  # after the resume: it purges the steps past last.pt
         if self.epoch == 0 and hasattr(self.net, "calibrate") and not self.cfg["train"]["init_from"]:
             self._calibrate()
         linalg.reset_numerics_stats(warned=True)  # each place warns once in this run

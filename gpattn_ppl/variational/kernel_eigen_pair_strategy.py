@@ -228,6 +228,23 @@ class KernelEigenPairStrategy(GPHead):
         """The function values at :math:`U = M` (as :meth:`draw` returns them)."""
         return self._branches(state, self.variational_mean)
 
+    def attention_matrix(self, state: KEPState) -> torch.Tensor:
+        r"""The attention kernel the kernel-eigen pair reconstructs, ``[B, H, N, N]`` (rows:
+        queries, columns: keys; pad rows and columns 0):
+
+        .. math:: A = E\Lambda^{-1}R^\top, \qquad A_{ij} = \sum_k e_k(x_i)\,r_k(x_j)/\lambda_k .
+
+        At a KSVD of :math:`K_{att} = \Phi_q\Phi_k^\top` (:math:`E = H_e\Lambda`,
+        :math:`R = H_r\Lambda`) it is :math:`H_e\Lambda H_r^\top`, the rank-s truncation of
+        :math:`K_{att}` (all of it when :math:`s = D`), and the dual form of the projections is
+        attention: :math:`E = AH_r`, :math:`R = A^\top H_e`. The posterior-mean head output
+        (``merge="add"``) is then :math:`A V^r + A^\top V^e` with the values
+        :math:`V^r = R\Lambda^{-2}M^\top W^{add}`, :math:`V^e = E\Lambda^{-2}M^\top W^{add}`
+        (tested against the unit's forward). Independent of q(u) and of the merge. O(N² s).
+        """
+        inv_lam = self.features.lambda_.to(state.E.dtype).reciprocal()[:, None, :]
+        return torch.matmul(state.E * inv_lam, state.R.mT)
+
     def predictive(self, state: KEPState) -> AttentionPredictive:
         r"""The exact push-forward of q(u) through the output map ``state.output_maps``
         (:math:`O = \sum_r G_rU^\top W_r`): column j of head h has mean

@@ -103,7 +103,8 @@ class TestSCGPTNystromHead(GPHeadTestCase):
 REGISTERED = {
     "sgpa": {"factorisations": {"sample": 2, "mean": 1, "predictive": 1},
              "set_q_to_prior": lambda self, unit: set_q_to_prior(unit)},
-    "kep_svgp": {"factorisations": {"sample": 0, "mean": 0, "predictive": 0},
+    # width 16: head dimension 8 >= the default rank 5 (a larger rank is capped to D)
+    "kep_svgp": {"factorisations": {"sample": 0, "mean": 0, "predictive": 0}, "dim": 16,
                  "set_q_to_prior": lambda self, unit: set_q_to_prior(unit)},
     "cgpt": {"factorisations": {"sample": 5, "mean": 1, "predictive": 3}},
     "scgpt": {"factorisations": {"sample": 3, "mean": 1, "predictive": 2},

@@ -11,7 +11,7 @@ from gpattn_ppl.distributions import SharedScaleMVN
 from gpattn_ppl.ppl import SiteContext, site_context
 from gpattn_ppl.settings import posterior_mean
 from gpattn_ppl.testing import AttentionUnitTestCase
-from tests.reference.kep_svgp import branch_posterior, kep_add_forward_reference
+from tests.reference.kep_svgp import branch_posterior, exact_ksvd, kep_add_forward_reference
 
 
 class TestKEPSVGPAttention(AttentionUnitTestCase):
@@ -26,7 +26,7 @@ class TestKEPSVGPBatchDraws(AttentionUnitTestCase):
 
 class TestKEPSVGPConcatFeaturesLinear(AttentionUnitTestCase):
     def make_unit(self, dim, heads):
-        return KEPSVGPAttention(dim, heads, rank=5, merge="concat_features", feature_map="linear")
+        return KEPSVGPAttention(dim, heads, rank=4, merge="concat_features", feature_map="linear")
 
 
 class TestKEPSVGPConcatLowRank(AttentionUnitTestCase):
@@ -125,6 +125,63 @@ def test_output_mean_and_covariance_of_20000_draws():
     se = prods.std(0) / T ** 0.5
     assert ((emp - cov).abs() <= 5 * se + 1e-12).all()
     assert cov.abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("feature_map", ["cosine", "linear"])
+def test_attention_matrix_is_the_eigen_pair_kernel_and_the_dual_form_of_the_mean(feature_map):
+    """The matrix ``explain`` draws for KEP-SVGP, brute force: entry by entry
+    A_ij = sum_k e_k(x_i) r_k(x_j) / lambda_k of the unit's own projections; at an exact KSVD of
+    the sequence with s = D (the rank-s truncation is then all of K_att) it is
+    <phi_q(x_i), phi_k(x_j)>, and the unit's posterior-mean forward is
+    W_O concat_h(A V_r + A^T V_e) with V_r = R Lambda^-2 M^T W_add, V_e = E Lambda^-2 M^T W_add
+    (its dual, attention form)."""
+    torch.manual_seed(0)
+    unit = KEPSVGPAttention(8, 2, rank=4, feature_map=feature_map).double().eval()  # s = D = 4
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 6, 8, generator=g, dtype=torch.float64)
+    feats = unit.features
+    with torch.no_grad():
+        phi_q, phi_k = feats.feature_maps(x)                                  # [1, H, N, D]
+        ksvd = exact_ksvd(phi_q[0], phi_k[0], 4)
+        feats.W_e.copy_(ksvd["W_e"])
+        feats.W_r.copy_(ksvd["W_r"])
+        feats.lambda_ = ksvd["lam"]
+        A = unit.attention_matrix(x)[0]                                       # [H, N, N]
+        E, R = (P[0] for P in feats(x))                                       # [H, N, s]
+        lam = feats.lambda_
+        H, N, s, D = 2, 6, 4, 4
+        assert A.shape == (H, N, N)
+        for h in range(H):
+            for i in range(N):
+                for j in range(N):
+                    pair = sum(E[h, i, k] * R[h, j, k] / lam[h, k] for k in range(s))
+                    kernel = sum(phi_q[0, h, i, d] * phi_k[0, h, j, d] for d in range(D))
+                    assert float(A[h, i, j]) == pytest.approx(float(pair), abs=1e-12)
+                    assert float(A[h, i, j]) == pytest.approx(float(kernel), abs=1e-9)
+        m = unit.strategy.variational_mean                                    # [H, d, i]
+        V_r = (R / lam[:, None, :] ** 2) @ m.mT @ unit.W_add                  # [H, N, D]
+        V_e = (E / lam[:, None, :] ** 2) @ m.mT @ unit.W_add
+        heads = A @ V_r + A.mT @ V_e
+        with posterior_mean(True):
+            out = unit(x)
+        torch.testing.assert_close(out, unit.out(unit.merge_heads(heads[None])),
+                                   rtol=1e-8, atol=1e-9)
+        # padding: the rows and columns of pad tokens are exactly 0, the real block unchanged
+        xp = torch.cat([x, torch.randn(1, 2, 8, generator=g, dtype=torch.float64)], 1)
+        mask = torch.ones(1, 8, dtype=torch.bool)
+        mask[0, 6:] = False
+        Ap = unit.attention_matrix(xp, mask)[0]
+        assert Ap[:, 6:].abs().max() == 0 and Ap[:, :, 6:].abs().max() == 0
+        torch.testing.assert_close(Ap[:, :6, :6], A, rtol=0, atol=1e-12)
+
+
+def test_rank_above_the_head_dimension_is_capped_with_a_warning():
+    """A head's kernel Phi_q Phi_k^T has rank at most D: rank 5 (the default) at D = 4 is 4."""
+    with pytest.warns(UserWarning, match=r"rank 5 is more than the head dimension D = 4 "
+                                         r"\(dim 8 / heads 2\).*using rank 4"):
+        unit = KEPSVGPAttention(8, 2)
+    assert unit.rank == unit.features.rank == 4 and unit.W_add.shape == (2, 4, 4)
+    assert unit(torch.randn(2, 5, 8)).shape == (2, 5, 8)
 
 
 def test_posterior_of_F_is_symmetric_rank_s_and_shaped():
@@ -347,8 +404,8 @@ def test_unit_is_vectorised_over_batch_heads_and_dims(merge):
     """The number of torch calls of a forward + backward does not depend on B, H or s."""
     def count(B, heads, s):
         torch.manual_seed(0)
-        unit = KEPSVGPAttention(4 * heads, heads, rank=s, merge=merge).double().train()
-        x = torch.randn(B, 5, 4 * heads, dtype=torch.float64)
+        unit = KEPSVGPAttention(8 * heads, heads, rank=s, merge=merge).double().train()
+        x = torch.randn(B, 5, 8 * heads, dtype=torch.float64)
         calls = []
 
         class Count(torch.overrides.TorchFunctionMode):

@@ -51,6 +51,11 @@ from gpattn_ppl import settings
 from gpattn_ppl.attention import ATTENTION
 from gpattn_ppl.run.benchmarking import build_unit, layer_inputs
 
+# the bench specs' KEP-SVGP rank 10 is more than the head dimension 8 of these small sizes: the
+# unit caps it to 8 with a warning (attention/kep_svgp.py); the precision checks hold as well
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:KEP-SVGP attention rank 10 is more than the head dimension:UserWarning")
+
 _BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_units.py"
 
 

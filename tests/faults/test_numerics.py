@@ -182,6 +182,7 @@ def test_every_factorisation_in_the_source_passes_a_where():
     assert calls >= 10
 
 
+@pytest.mark.filterwarnings("ignore:KEP-SVGP attention rank 5 is more than:UserWarning")  # D = 4
 def test_every_registered_unit_names_its_module_path_and_matrix(monkeypatch):
     """A forward (training mode: the regularisers too) of every registered unit, and the
     SCGPT predictive's log-density: every factorisation names ``blocks.0.attn <matrix>``."""

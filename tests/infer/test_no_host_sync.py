@@ -28,7 +28,7 @@ def test_the_counter_sees_a_sync_and_nothing_else():
     assert s.ops == ["_local_scalar_dense"]
 
 
-_OPTIONS = {"kep_svgp": [{}, {"merge": "concat", "seq_len": 6}],
+_OPTIONS = {"kep_svgp": [{"rank": 4}, {"rank": 4, "merge": "concat", "seq_len": 6}],  # D = 4
             "sgpa": [{}, {"variant": "standard", "max_len": 6}, {"cov": "diag"}],
             "h_gumbel": [{"num_centroids": 3}, {"num_centroids": 3, "centroid_init": "kmeans"}],
             "scgpt": [{"num_inducing": 3}], "gumbel": [{}, {"prior": "uniform"}]}

@@ -265,9 +265,9 @@ def test_a_detector_from_import_reaches_train_evaluate_compare_and_plots(
     xlabels = {}
     save = plotting._save
 
-    def spy(fig, path):
+    def spy(fig, path, *args, **kwargs):
         xlabels[path.name] = fig.axes[0].get_xlabel()
-        return save(fig, path)
+        return save(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(plotting, "_save", spy)
     with pytest.raises(ValueError, match=r"unknown detector\(s\) \['max_logit'\]; allowed: .*"

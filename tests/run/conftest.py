@@ -25,9 +25,9 @@ def drawn(monkeypatch):
 
     save = plotting._save
 
-    def spy(fig, path):
+    def spy(fig, path, *args, **kwargs):
         figures[path.name] = fig
-        return save(fig, path)
+        return save(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(plotting, "_save", spy)
     return figures
