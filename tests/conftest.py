@@ -88,18 +88,43 @@ TINY_BERT_WORDS = ("the a cat dog sat on mat john mary seems to be happy what di
                    "is was").split()
 
 
+def word_piece_tokenizer(folder, reverse: bool = False) -> None:
+    """Save into ``folder`` a word-piece tokenizer over :data:`TINY_BERT_WORDS` (in their order,
+    or reversed: other ids for the same words), built with the ``tokenizers`` library: the same
+    ids on every ``transformers`` version (``BertTokenizerFast(vocab_file=...)`` ignores the
+    file on 5.x and maps every word to ``[UNK]``). Any tokenizer files there are replaced."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    words = list(dict.fromkeys(TINY_BERT_WORDS))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?",
+             *(words[::-1] if reverse else words)]
+    tk = Tokenizer(models.WordPiece(vocab={w: i for i, w in enumerate(vocab)},
+                                    unk_token="[UNK]"))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]").save_pretrained(str(folder))
+    return len(vocab)
+
+
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
-    """A 2-layer BERT (width 16, 4 heads) with a word-piece vocabulary of the test words, saved
-    to disk (the ``arch: hf`` tests of ``tests/models`` and ``tests/infer``)."""
-    path = tmp_path_factory.mktemp("tiny_bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?", *TINY_BERT_WORDS]
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    """A 2-layer BERT (width 16, 4 heads) with a word-piece tokenizer of the test words
+    (:func:`word_piece_tokenizer`), saved to disk (the ``arch: hf`` tests of ``tests/models``,
+    ``tests/infer`` and ``tests/faults``)."""
     transformers = pytest.importorskip("transformers")
-    tok = transformers.BertTokenizerFast(vocab_file=str(path / "vocab.txt"))
-    tok.save_pretrained(str(path))
+    path = tmp_path_factory.mktemp("tiny_bert")
+    size = word_piece_tokenizer(path)
     torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2,
+    cfg = transformers.BertConfig(vocab_size=size, hidden_size=16, num_hidden_layers=2,
                                   num_attention_heads=4, intermediate_size=32,
                                   max_position_embeddings=64)
     transformers.BertModel(cfg).save_pretrained(str(path))

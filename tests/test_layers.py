@@ -17,7 +17,7 @@ RANK = {
     "run": 100, "hf": 95, "models": 90, "infer": 85, "layers": 80, "testing": 75, "attention": 70,
     "variational": 65, "gp": 60, "features": 50, "kernels": 40, "distributions": 40,
     "ppl": 30, "ood": 27, "metrics": 25, "data": 20, "linalg": 10, "schema": 7, "settings": 5,
-    "errors": 2, "_version": 1,
+    "safe_files": 3, "errors": 2, "_version": 1,
     "__init__": 0,
 }
 

@@ -63,7 +63,14 @@ from .hf_folder import (
 )
 from .image_folder import IMAGE_EXTENSIONS, read_image, read_image_folder, read_images
 from .imdb import IMDB_CLASSES, read_imdb
-from .load import TEXT_ENCODERS, DataBundle, check_labels, data_fingerprint, load_data
+from .load import (
+    TEXT_ENCODERS,
+    DataBundle,
+    check_labels,
+    checkpoint_positions,
+    data_fingerprint,
+    load_data,
+)
 from .pretrained import MiniLMEncoder, load_tokenizer, resolve_checkpoint
 from .registry import DATASETS, DatasetSpec, RawData, register_dataset
 from .splits import (
@@ -113,6 +120,7 @@ __all__ = [
     "bundled_clinc150_slice_root",
     "bundled_cola_root",
     "check_labels",
+    "checkpoint_positions",
     "check_model_folder",
     "checkpoint_record",
     "clinc150_held_out_domains",

@@ -28,7 +28,8 @@ from .registry import DATASETS, RawData
 from .splits import stratified_subset
 from .tokenizer import WordTokenizer
 
-__all__ = ["TEXT_ENCODERS", "DataBundle", "check_labels", "data_fingerprint", "load_data"]
+__all__ = ["TEXT_ENCODERS", "DataBundle", "check_labels", "checkpoint_positions", "data_fingerprint",
+           "load_data"]
 
 #: text encoder -> the extra keyword arguments :func:`load_data` passes on to it.
 TEXT_ENCODERS: dict[str, tuple[str, ...]] = {

@@ -176,10 +176,14 @@ class MiniLMEncoder:
             return cached["features"], cached["lengths"]
         features, lengths = self._run(list(texts), max_len)
         if path is not None:
-            from ..infer.checkpoint import save_atomic
+            import io
+
+            from ..safe_files import write_atomic
 
             # atomic, never through a link (the folder is the cache folder the config names)
-            save_atomic({"features": features, "lengths": lengths}, path)
+            buf = io.BytesIO()
+            torch.save({"features": features, "lengths": lengths}, buf)
+            write_atomic(path, buf.getvalue())
         return features, lengths
 
     @torch.inference_mode()

@@ -33,6 +33,7 @@ import yaml
 
 from gpattn_ppl.run.cli import main
 
+from ..conftest import word_piece_tokenizer
 from .conftest import cli_error, tried
 
 transformers = pytest.importorskip("transformers")
@@ -138,29 +139,8 @@ def _hf_config(checkpoint: str) -> dict:
 
 
 def _word_tokenizer(folder: Path, reverse: bool = False) -> None:
-    """Replace the tokenizer of ``folder`` by a word-piece one over the tiny BERT's words, built
-    with the ``tokenizers`` library (in their order, or reversed: other ids for the same
-    words)."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-
-    from ..conftest import TINY_BERT_WORDS
-
-    words = list(dict.fromkeys(TINY_BERT_WORDS))
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?",
-             *(words[::-1] if reverse else words)]
-    tk = Tokenizer(models.WordPiece(vocab={w: i for i, w in enumerate(vocab)},
-                                    unk_token="[UNK]"))
-    tk.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tk.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json"):
-        (folder / name).unlink(missing_ok=True)
-    transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-        sep_token="[SEP]", mask_token="[MASK]").save_pretrained(str(folder))
+    """The tiny BERT's word-piece tokenizer in ``folder`` (reversed: other ids, same words)."""
+    word_piece_tokenizer(folder, reverse)
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +227,7 @@ print(f"run whose recorded checkpoint is the 'known' folder / gpattn-ppl predict
 """
 
 
-def _in_pty(argv: list[str], env: dict, cwd: Path, timeout: float = 400) -> tuple[int, str, int]:
+def _in_pty(argv: list[str], env: dict, cwd: Path, timeout: float = 1800) -> tuple[int, str, int]:
     """Run ``argv`` with stdin, stdout and stderr on a pseudo-terminal (echo off) and answer
     ``y`` to everything it writes, until it exits: ``(status, transcript, answers)``."""
     master, slave = os.openpty()
@@ -480,7 +460,7 @@ def test_a_malformed_index_is_one_line(index, match, swapped, tmp_path):
     tried("hf folder: malformed index", 2)
 
 
-@pytest.mark.parametrize("what", ["config.json", "vocab.txt", "tokenizer.json"])
+@pytest.mark.parametrize("what", ["config.json", "tokenizer_config.json", "tokenizer.json"])
 def test_a_file_linking_out_of_the_folder_is_refused(what, tiny_checkpoint, swapped, tmp_path):
     """``config.json`` or a tokenizer file that is a link to a file outside: not read."""
     src = swapped if what == "config.json" else tiny_checkpoint

@@ -23,7 +23,8 @@ def test_evidence_table_rows_and_reuse(tmp_path, capsys):
     args = ["cola", "--out", str(tmp_path), "--seeds", "0", "--ensemble", "2",
             "--methods", "softmax", "kep_svgp", "--set", "train.epochs=1",
             "train.warmup_epochs=0", "data.limit_train=64", "data.limit_eval=32",
-            "model.dim=16", "model.mlp_dim=16", "eval.mc_samples=2"]
+            "model.dim=16", "model.heads=2", "model.mlp_dim=16",
+            "eval.mc_samples=2"]
     evidence.main(args)
     table = (tmp_path / "results.md").read_text()
     rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]]
@@ -72,7 +73,8 @@ def test_mean_trained_runs_are_reused_under_their_mean_rows(tmp_path, capsys):
     that setting (not retrained, not re-evaluated by ``--mean-predictive``)."""
     evidence = _evidence()
     toy = ["train.epochs=1", "train.warmup_epochs=0", "data.limit_train=64",
-           "data.limit_eval=32", "model.dim=16", "model.mlp_dim=16", "eval.mc_samples=2"]
+           "data.limit_eval=32", "model.dim=16", "model.heads=2", "model.mlp_dim=16",
+           "eval.mc_samples=2"]
     base = ["cola", "--out", str(tmp_path), "--seeds", "0", "--ensemble", "0"]
     evidence.main(base + ["--methods", "kep_svgp", "--set", *toy, "eval.predictive=mean"])
     run = tmp_path / "kep_svgp" / "seed0" / "results.json"
