@@ -1,6 +1,6 @@
 """Multi-head attention units, one class per method, and the registry."""
 
-from .base import AttentionUnit, MCDropout, check_attention_inputs
+from .base import AttentionUnit, MCDropout, check_attention_inputs, check_parameter_memory
 from .cgpt import CGPTAttention
 from .gp_unit import GPAttentionUnit
 from .gumbel import GumbelAttention
@@ -41,7 +41,8 @@ __all__ = ["ATTENTION", "AttentionUnit", "CGPTAttention", "GPAttentionUnit", "SC
            "HierarchicalGumbelAttention", "KEPSVGPAttention", "KernelAttention", "MCDropout",
            "NOISE_TARGET", "QUERY_SCALES", "SGPAttention", "SoftmaxAttention", "SoftmaxWeights",
            "attention_option_types", "attention_options", "build_attention",
-           "check_attention_inputs", "copy_output_projection", "copy_qkv", "dropped_biases",
+           "check_attention_inputs", "check_parameter_memory",
+           "copy_output_projection", "copy_qkv", "dropped_biases",
            "fit_value_gain", "init_from_softmax", "mean_gap", "noise_excess", "pretrained_rule",
            "register_attention", "register_pretrained_init", "relative_error",
            "require_exponential_kernel", "search_query_scale", "shrink_noise"]

@@ -20,7 +20,32 @@ from torch import nn
 from .. import settings
 from ..ppl import draw, needs_site
 
-__all__ = ["AttentionUnit", "check_attention_inputs", "MCDropout"]
+__all__ = ["AttentionUnit", "check_attention_inputs", "check_parameter_memory", "MCDropout"]
+
+
+def _physical_memory_bytes() -> int | None:
+    """The machine's physical memory (``None`` where the platform does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_parameter_memory(elements: int, what: str, bytes_per_element: int = 4) -> None:
+    """Refuse a unit whose parameters alone (``elements`` float32 values) would not fit in the
+    machine's physical memory, before any of them is allocated: one ``ValueError`` naming the
+    options (``what``) and both sizes, instead of gigabytes allocated on the way to an
+    allocator failure (an SGPA with 10**8 inducing keys took 13 GB before it gave up).
+
+    :raises ValueError: ``elements * bytes_per_element`` exceeds the physical memory.
+    """
+    need, have = int(elements) * bytes_per_element, _physical_memory_bytes()
+    if have is not None and need > have:
+        raise ValueError(f"its options ask for more memory than this machine has: {what} need "
+                         f"{need / 2**30:.3g} GiB of parameters, the machine has "
+                         f"{have / 2**30:.3g} GiB")
 
 
 def check_attention_inputs(x: torch.Tensor, mask: torch.Tensor | None, dim: int, where: str,

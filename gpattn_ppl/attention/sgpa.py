@@ -10,6 +10,7 @@ from torch import nn
 
 from ..kernels import KERNELS, make_attention_kernel
 from ..variational.sgpa_strategy import DecoupledSGPAStrategy, SGPAStrategy
+from .base import check_parameter_memory
 from .gp_unit import GPAttentionUnit
 from .pretrained import (
     SoftmaxWeights,
@@ -132,6 +133,14 @@ class SGPAttention(GPAttentionUnit):
         if not 0 < outputscale_init <= torch.finfo(torch.float32).max:
             raise ValueError(f"outputscale_init must be > 0 and a finite float32, got "
                              f"{outputscale_init}")
+        D = dim // heads
+        # the variational parameters: S's Cholesky over max_len tokens (standard), or the
+        # inducing keys [H, M, C], their weights [H, M, D] and S's Cholesky [H, D, M, M]
+        check_parameter_memory(
+            heads * max_len * max_len if variant == "standard"
+            else heads * num_inducing * (dim + D + D * num_inducing),
+            f"SGPA ({variant}) with max_len {max_len}" if variant == "standard"
+            else f"SGPA ({variant}) with num_inducing {num_inducing}")
         self.variant, self.cov, self.kernel_name = variant, cov, kernel
         self.num_inducing, self.max_len = num_inducing, max_len
         self.proj = nn.Linear(dim, 2 * dim, bias=False)
