@@ -67,7 +67,7 @@ for domain, intents in clinc["domains"].items():
 
 # %%
 # ``all-MiniLM-L6-v2`` resolves to the checkpoint that the ``text`` extra ships offline
-# (:func:`~gpattn_ppl.data.pretrained.resolve_checkpoint`); ``transformers`` loads it as a
+# (:func:`~gpattn_ppl.data.hf_folder.resolve_checkpoint`); ``transformers`` loads it as a
 # sequence classifier with a new ten-class head. :func:`~gpattn_ppl.hf.hub.swap` is
 # :func:`~gpattn_ppl.models.swap_attention` for such a model: it replaces the softmax
 # self-attention of the last layer by ``h_gumbel``, starts it from the replaced layer and fits
@@ -75,7 +75,7 @@ for domain, intents in clinc["domains"].items():
 # what it did into ``model.config.gpattn_swap``, so that every ``save_pretrained`` saves it.
 
 from gpattn_ppl.data import load_tokenizer
-from gpattn_ppl.data.pretrained import resolve_checkpoint
+from gpattn_ppl.data import resolve_checkpoint
 from gpattn_ppl.hf import swap
 
 tokenizer = load_tokenizer("all-MiniLM-L6-v2")

@@ -37,7 +37,7 @@ def check_parameter_memory(elements: int, what: str, bytes_per_element: int = 4)
     """Refuse a unit whose parameters alone (``elements`` float32 values) would not fit in the
     machine's physical memory, before any of them is allocated: one ``ValueError`` naming the
     options (``what``) and both sizes, instead of gigabytes allocated on the way to an
-    allocator failure (an SGPA with 10**8 inducing keys took 13 GB before it gave up).
+    allocator failure (an SGPA with ``10**8`` inducing keys took 13 GB before it gave up).
 
     :raises ValueError: ``elements * bytes_per_element`` exceeds the physical memory.
     """

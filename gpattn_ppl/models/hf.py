@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..attention import MCDropout
-from ..data.pretrained import resolve_checkpoint
+from ..data.hf_folder import resolve_checkpoint
 from .classifier import SNGPHostMixin
 from .host import AttentionHost
 from .sngp import residual_linears

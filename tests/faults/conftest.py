@@ -62,6 +62,22 @@ def warm_cli(tmp_path, capsys) -> None:
     capsys.readouterr()
 
 
+def train_argv(config, tmp_path, *pairs) -> list[str]:
+    """``train CONFIG --out TMP/run --set PAIRS...``."""
+    return ["train", str(config), "--out", str(tmp_path / "run"), "--set", *pairs]
+
+
+def refused_run(capsys, argv, tmp_path, *needles) -> str:
+    """Run ``argv``; assert one error line, exit 2, the needles in it and no ``TMP/run``."""
+    from gpattn_ppl.run.cli import main
+
+    line = cli_error(capsys, main(argv))
+    for needle in needles:
+        assert needle in line, line
+    assert not (tmp_path / "run").exists()
+    return line
+
+
 def pytest_terminal_summary(terminalreporter):
     if TRIED:
         total = sum(TRIED.values())

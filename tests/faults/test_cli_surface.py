@@ -16,22 +16,11 @@ from gpattn_ppl.run.cli import main
 from gpattn_ppl.run.config import ConfigError, load_config
 
 from .conftest import bounded_memory, cli_error, tried, warm_cli
+from .conftest import refused_run as _refused
+from .conftest import train_argv as _train
 
 _CSV = ["data.name=csv", "data.train_file=train.csv"]
 _IMAGES = ["data.name=image_folder", "data.train_dir=train"]
-
-
-def _train(tiny_yaml, tmp_path, *pairs) -> list[str]:
-    return ["train", str(tiny_yaml), "--out", str(tmp_path / "run"), "--set", *pairs]
-
-
-def _refused(capsys, argv, tmp_path, *needles) -> str:
-    """Run ``argv``; assert one error line, exit 2, the needles in it and no run folder."""
-    line = cli_error(capsys, main(argv))
-    for needle in needles:
-        assert needle in line, line
-    assert not (tmp_path / "run").exists()
-    return line
 
 
 # -- types of every config value ---------------------------------------------------------------

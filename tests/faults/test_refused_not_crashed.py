@@ -20,19 +20,8 @@ from gpattn_ppl.run.runtime import usable_cpus
 from tests.conftest import TINY_BERT_WORDS
 
 from .conftest import cli_error, tried
-
-
-def _train(tiny_yaml, tmp_path, *pairs) -> list[str]:
-    return ["train", str(tiny_yaml), "--out", str(tmp_path / "run"), "--set", *pairs]
-
-
-def _refused(capsys, argv, tmp_path, *needles) -> str:
-    """Run ``argv``; assert one error line, exit 2, the needles in it and no run folder."""
-    line = cli_error(capsys, main(argv))
-    for needle in needles:
-        assert needle in line, line
-    assert not (tmp_path / "run").exists()
-    return line
+from .conftest import refused_run as _refused
+from .conftest import train_argv as _train
 
 
 # -- config values validation let through ------------------------------------------------------
