@@ -74,8 +74,7 @@ for domain, intents in clinc["domains"].items():
 # what the copies cannot give on a calibration batch (see :ref:`pretrained-init`), and writes
 # what it did into ``model.config.gpattn_swap``, so that every ``save_pretrained`` saves it.
 
-from gpattn_ppl.data import load_tokenizer
-from gpattn_ppl.data import resolve_checkpoint
+from gpattn_ppl.data import load_tokenizer, resolve_checkpoint
 from gpattn_ppl.hf import swap
 
 tokenizer = load_tokenizer("all-MiniLM-L6-v2")
