@@ -282,6 +282,22 @@ def _temp_name(name: str) -> str:
     return f".{name}.{secrets.token_hex(4)}.tmp"  # the pattern --force clears (``.NAME.*.tmp``)
 
 
+#: a new private temporary file: never an existing one, never through a link
+_CREATE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+           | getattr(os, "O_BINARY", 0))
+
+
+def _create_temp(name: str, create) -> tuple[str, int]:
+    """``(temporary name, descriptor)`` of a new temporary file for ``name``, made by
+    ``create(temporary name)`` (``O_EXCL``: a name taken meanwhile is drawn again)."""
+    while True:
+        tmp = _temp_name(name)
+        try:
+            return tmp, create(tmp)
+        except FileExistsError:
+            continue
+
+
 def _write_by_fd(path: Path, data: bytes, root: Path, overwrite: bool) -> None:
     dfd = _open_folder(path.parent, root)
     name = path.name
@@ -290,14 +306,7 @@ def _write_by_fd(path: Path, data: bytes, root: Path, overwrite: bool) -> None:
             return os.stat(name, dir_fd=dfd, follow_symlinks=False)
 
         _check_entry(path, lstat, overwrite=overwrite)
-        while True:
-            tmp = _temp_name(name)
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC,
-                             0o600, dir_fd=dfd)
-                break
-            except FileExistsError:
-                continue
+        tmp, fd = _create_temp(name, lambda t: os.open(t, _CREATE, 0o600, dir_fd=dfd))
         try:
             try:
                 _fill(fd, data, path)
@@ -322,14 +331,8 @@ def _write_by_fd(path: Path, data: bytes, root: Path, overwrite: bool) -> None:
 def _write_by_path(path: Path, data: bytes, root: Path, overwrite: bool) -> None:
     _check_folders(path.parent, root)
     _check_entry(path, lambda: os.lstat(path), overwrite=overwrite)
-    while True:
-        tmp = path.parent / _temp_name(path.name)
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
-                         | getattr(os, "O_BINARY", 0), 0o600)
-            break
-        except FileExistsError:
-            continue
+    name, fd = _create_temp(path.name, lambda t: os.open(path.parent / t, _CREATE, 0o600))
+    tmp = path.parent / name
     try:
         try:
             _fill(fd, data, path)

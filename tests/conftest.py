@@ -82,6 +82,18 @@ def device() -> torch.device:
     return torch.device(DEVICE)
 
 
+@pytest.fixture
+def quiet_transformers():
+    """No ``transformers`` progress bars (``save_pretrained`` / ``from_pretrained``) during the
+    test; the setting is restored after it."""
+    transformers = pytest.importorskip("transformers")
+    bar = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    yield
+    if bar:
+        transformers.utils.logging.enable_progress_bar()
+
+
 # -- a tiny pretrained checkpoint for the arch: hf tests --------------------------------------
 TINY_BERT_WORDS = ("the a cat dog sat on mat john mary seems to be happy what did you say that "
                    "bought she kissed herself him went store yesterday quickly more eat fatter get "

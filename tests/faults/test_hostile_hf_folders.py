@@ -47,13 +47,8 @@ HEX16 = r"[0-9a-f]{16}"
 
 
 @pytest.fixture(autouse=True)
-def _quiet():
+def _quiet(quiet_transformers):
     """No progress bars of ``save_pretrained`` / ``from_pretrained`` in the test output."""
-    bar = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()
-    yield
-    if bar:
-        transformers.utils.logging.enable_progress_bar()
 
 
 # -- folders --------------------------------------------------------------------------------------

@@ -11,16 +11,12 @@ from gpattn_ppl.attention import ATTENTION
 from gpattn_ppl.hf import SWAP_KEY, SwapRecordError, from_pretrained, mc_logits, swap
 from gpattn_ppl.models import swap_attention
 
-from .hosts import SMALL, batch, tiny_classifier, transformers
+from .hosts import SMALL, batch, tiny_classifier
 
 
 @pytest.fixture(autouse=True)
-def _quiet():
-    bar = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()
-    yield
-    if bar:
-        transformers.utils.logging.enable_progress_bar()
+def _quiet(quiet_transformers):
+    """No progress bars of ``save_pretrained`` / ``from_pretrained`` in the test output."""
 
 
 def _no_torch_load(monkeypatch):
