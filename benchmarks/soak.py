@@ -4,7 +4,7 @@ rate and at 10x, counting what goes wrong.
 Per run it records the steps done, non-finite losses, the failure (a named library error, e.g.
 divergence or a Cholesky failure), the Cholesky jitter escalations and the largest jitter
 (:func:`gpattn_ppl.linalg.numerics_stats`), the mean loss of the last 20 steps and the median
-seconds per step. The model, data and schedule are the demo's (``gpattn_ppl.run.demo``: width
+seconds per step. The model, data and schedule are the demo's (``gpattn_ppl.run.sweep``: width
 64, 2 blocks, CoLA official split, batch 32, Adam with its cosine schedule; 300 steps is about
 1.25 epochs). Writes JSON (strict: non-finite values are ``null``) and prints a table.
 
@@ -27,7 +27,7 @@ from gpattn_ppl.infer import PyroProgram, epoch_clock, fit_epoch, lr_lambda
 from gpattn_ppl.run.assembly import build_net, load_bundle
 from gpattn_ppl.run.benchmarking import write_json
 from gpattn_ppl.run.config import load_config
-from gpattn_ppl.run.demo import _BASE, _merge, demo_methods
+from gpattn_ppl.run.sweep import _BASE, _merge, demo_methods
 
 
 def soak_run(cfg: dict, bundle, steps: int) -> dict:

@@ -37,7 +37,7 @@ def sha256(path: Path) -> str:
 
 
 def select(full: dict, domains: dict, n_domains: int, per_domain: int,
-           n_oos: dict[str, int]) -> tuple[dict, dict]:
+           n_oos: dict[str, int], train_per_intent: int | None = None) -> tuple[dict, dict]:
     """``(data, domains)`` of the slice (module docstring: the rule)."""
     names = sorted(domains)
     if n_domains > len(names):
@@ -51,6 +51,14 @@ def select(full: dict, domains: dict, n_domains: int, per_domain: int,
         chosen[d] = intents[:per_domain]
     keep = {i for v in chosen.values() for i in v}
     data = {s: [row for row in full[s] if row[1] in keep] for s in IN_SCOPE}
+    if train_per_intent is not None:
+        seen: dict[str, int] = {}
+        rows = []
+        for row in data["train"]:
+            seen[row[1]] = seen.get(row[1], 0) + 1
+            if seen[row[1]] <= train_per_intent:
+                rows.append(row)
+        data["train"] = rows
     for s in OOS:
         if n_oos[s] > len(full[s]):
             raise SystemExit(f"{s}: asked for {n_oos[s]} rows, the release has {len(full[s])}")
@@ -75,10 +83,12 @@ def source_md(root: Path, out: Path, data: dict, chosen: dict, args) -> str:
     files = "\n".join(f"| {p.name} | {p.stat().st_size} | {sha256(p)} |"
                       for p in (out / "data_full.json", out / "domains.json", out / "LICENSE"))
     n_int = sum(len(v) for v in chosen.values())
+    train_rule = ("every `train`" if args.train_per_intent is None else
+                  f"the first {args.train_per_intent} `train` queries of each intent, every")
     return f"""# CLINC150 slice: {n_int} intents of {len(chosen)} domains, with out-of-scope queries
 
-A small, deterministic slice of CLINC150, shipped so that tutorials and tests run without the
-full dataset (``data: {{name: clinc150_slice}}``). For the benchmark use the full release
+A small, deterministic slice of CLINC150, shipped so that {args.purpose} run without the
+full dataset (``data: {{name: {args.out.name}}}``). For the benchmark use the full release
 (``data: {{name: clinc150, root: ...}}``).
 
 Source: {UPSTREAM} @ 828f809 (files `data/data_full.json`, `data/domains.json`,
@@ -102,7 +112,7 @@ Selection (written by `experiments/make_clinc150_slice.py`, no randomness):
 
 * the first {args.domains} domains of `domains.json` in sorted name order;
 * in each, the first {args.intents_per_domain} intents in sorted name order;
-* every `train` / `val` / `test` query of those intents, in file order;
+* {train_rule} / `val` / `test` query of those intents, in file order;
 * the first {args.oos_train} / {args.oos_val} / {args.oos_test} rows of `oos_train` / `oos_val` / `oos_test`, in file order.
 
 | domain | intents |
@@ -123,7 +133,7 @@ Files written:
 Regenerate:
 
     python experiments/make_clinc150_slice.py --root ../shared/data/clinc150 \\
-        --out gpattn_ppl/data/clinc150_slice
+        --out gpattn_ppl/data/{args.out.name} {args.flags}
 """
 
 
@@ -138,13 +148,22 @@ def main(argv=None) -> None:
     p.add_argument("--oos-train", type=int, default=50)
     p.add_argument("--oos-val", type=int, default=50)
     p.add_argument("--oos-test", type=int, default=200)
+    p.add_argument("--train-per-intent", type=int, default=None,
+                   help="keep the first N training queries of each intent (default: all)")
+    p.add_argument("--purpose", default="tutorials and tests",
+                   help="what the slice is for, in its SOURCE.md")
     args = p.parse_args(argv)
+    defaults = {a.dest: a.default for a in p._actions}
+    args.flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+                          if k not in ("root", "out", "purpose") and v != defaults.get(k))
+    if args.purpose != defaults["purpose"]:
+        args.flags += f" --purpose {json.dumps(args.purpose)}"
     root = args.root.expanduser()
     full = json.loads((root / "data_full.json").read_text(encoding="utf-8"))
     domains = json.loads((root / "domains.json").read_text(encoding="utf-8"))
     data, chosen = select(full, domains, args.domains, args.intents_per_domain,
                           {"oos_train": args.oos_train, "oos_val": args.oos_val,
-                           "oos_test": args.oos_test})
+                           "oos_test": args.oos_test}, args.train_per_intent)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "data_full.json").write_text(dump(data), encoding="utf-8")
     (args.out / "domains.json").write_text(dump(chosen), encoding="utf-8")

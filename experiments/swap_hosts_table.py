@@ -1,7 +1,9 @@
 """The host x unit table of :func:`~gpattn_ppl.models.swap_attention` on the installed transformers.
 
 Rows: the host families of ``tests/models/test_swap_hosts.py`` (tiny random configs, the same
-factories), plus DeBERTa-v2 with its relative-position terms and the decoder-style hosts;
+factories; ModernBERT from transformers 5 on, its last layer global), plus DeBERTa (v1, v2)
+and MPNet with their relative-position terms, a ModernBERT whose last layer is local
+(sliding-window) and the decoder-style hosts;
 columns: every registered attention kind. Each cell swaps the last attention layer
 (``init="pretrained"``, one calibration batch) and checks what the tests check: forward finite,
 backward reaches the unit and the embeddings, padded tokens leave real-token outputs unchanged
@@ -29,9 +31,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the tests' host
 from gpattn_ppl import settings  # noqa: E402
 from gpattn_ppl.attention import ATTENTION  # noqa: E402
 from gpattn_ppl.models.swap import swap_attention  # noqa: E402
-from tests.models.test_swap_hosts import DECODERS, HOSTS, SMALL, inputs, make  # noqa: E402
+from tests.models.test_swap_hosts import (  # noqa: E402
+    DECODERS,
+    HOSTS,
+    MODERNBERT,
+    RELATIVE,
+    SMALL,
+    _modernbert,
+    inputs,
+    make,
+)
 
-ROWS = [*HOSTS, "deberta_v2_relative", *DECODERS]
+ROWS = [*HOSTS, *RELATIVE, *(["modernbert_local"] if MODERNBERT else []), *DECODERS]
+
+
+def model_for(host: str):
+    if host == "modernbert_local":        # both layers local: the last one is refused
+        torch.manual_seed(0)
+        return _modernbert(sliding=True).eval()
+    return make(host)
 
 
 def hidden(model, enc):
@@ -40,8 +58,8 @@ def hidden(model, enc):
 
 
 def cell(host: str, kind: str) -> dict:
-    model = make(host)
-    enc = inputs("deberta_v2" if host == "deberta_v2_relative" else host)
+    model = model_for(host)
+    enc = inputs(host)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -82,7 +100,8 @@ def markdown(table: dict, version: str) -> str:
              "reads `works` when forward, backward and the padding check passed, with the "
              "calibrated gap at the posterior mean (relative error of the attention output, "
              "`init=\"pretrained\"`; where the unit drops terms of the host's attention, against "
-             "the layer's content attention), or the reason the swap is refused.", "",
+             "the layer's content attention; ModernBERT's rotary position embeddings are applied "
+             "by the unit and the reference alike), or the reason the swap is refused.", "",
              "| host (class) | path | " + " | ".join(kinds) + " |",
              "|---|---|" + "---|" * len(kinds)]
     reasons = {}

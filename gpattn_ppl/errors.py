@@ -20,6 +20,10 @@ class                                                  raised for
                                                        or is not the one a run was trained with
 :class:`gpattn_ppl.hf.hub.SwapRecordError`             a swap record or saved weights that do not
                                                        rebuild the model (names the tensor)
+:class:`gpattn_ppl.hf.pipeline.PipelineLoadError`      ``transformers.pipeline(...)`` could not
+                                                       load a folder as a swapped model (names the
+                                                       cause; deliberately no builtin base: see
+                                                       the class)
 :class:`gpattn_ppl.linalg.CholeskyError`               a matrix that cannot be factorised
 :class:`gpattn_ppl.linalg.NonFiniteError`              a matrix with NaN / inf entries (overflow)
 :class:`DivergenceError`                               training went non-finite (epoch, step, term)

@@ -17,8 +17,10 @@ with a stochastic attention unit. This tutorial does it the Hugging Face way ins
 3. save it with ``save_pretrained``, load it back with
    :func:`gpattn_ppl.hf.from_pretrained <gpattn_ppl.hf.hub.from_pretrained>` (config and
    safetensors only, no pickle) and check that it evaluates exactly as before;
-4. query it with :class:`~gpattn_ppl.hf.pipeline.UncertaintyPipeline` (probabilities, entropy
-   and mutual information per query) and score out-of-scope detection.
+4. query it with the ``transformers`` pipeline ``"uncertainty-classification"`` that
+   ``import gpattn_ppl.hf`` registers (:class:`~gpattn_ppl.hf.pipeline.UncertaintyPipeline`:
+   label, probabilities, entropy and mutual information per query) and score out-of-scope
+   detection.
 
 The data is the CLINC150 slice shipped with the package
 (:func:`~gpattn_ppl.data.bundled_clinc150_slice_root`, the dataset ``clinc150_slice``): ten
@@ -68,11 +70,15 @@ for domain, intents in clinc["domains"].items():
 # %%
 # ``all-MiniLM-L6-v2`` resolves to the checkpoint that the ``text`` extra ships offline
 # (:func:`~gpattn_ppl.data.hf_folder.resolve_checkpoint`); ``transformers`` loads it as a
-# sequence classifier with a new ten-class head. :func:`~gpattn_ppl.hf.hub.swap` is
-# :func:`~gpattn_ppl.models.swap_attention` for such a model: it replaces the softmax
+# sequence classifier with a new ten-class head. :func:`~gpattn_ppl.hf.hub.swap` (the library's
+# one swap, also named :func:`~gpattn_ppl.models.swap_attention`) replaces the softmax
 # self-attention of the last layer by ``h_gumbel``, starts it from the replaced layer and fits
-# what the copies cannot give on a calibration batch (see :ref:`pretrained-init`), and writes
-# what it did into ``model.config.gpattn_swap``, so that every ``save_pretrained`` saves it.
+# what the copies cannot give on a calibration batch (see :ref:`pretrained-init`). On a
+# ``transformers`` model it also writes what it did into ``model.config.gpattn_swap`` and gives
+# the model its swapped type (``GpattnBertForSequenceClassification``, model type
+# ``gpattn_bert``), so that every ``save_pretrained`` saves a folder that loads with the unit or
+# not at all. (``swap(model)`` without a kind is the recommended configuration: CGPT in the
+# last layer, predicting at its posterior mean.)
 
 from gpattn_ppl.data import load_tokenizer, resolve_checkpoint
 from gpattn_ppl.hf import swap
@@ -87,7 +93,7 @@ train_texts, train_intents = clinc["train"]
 calibration = dict(tokenizer(train_texts[:16], padding=True, return_tensors="pt"))
 record = swap(model, "h_gumbel", layers=[-1], calibration=calibration)[0]
 print(record["path"], f"gap_mean={record['gap_mean']:.3f}")
-print(model.config.gpattn_swap)
+print(type(model).__name__, model.config.model_type, model.config.gpattn_swap)
 
 # freeze the embeddings and the first three layers (for the page's time budget)
 frozen = [model.bert.embeddings, *model.bert.encoder.layer[:3]]
@@ -184,7 +190,10 @@ print("trained :", show(before))
 # the training arguments, which ``transformers`` pickles.)
 # :func:`~gpattn_ppl.hf.hub.from_pretrained` builds the classifier from the config, swaps the
 # same unit in again and loads every weight strictly: missing, unexpected or misshaped tensors
-# are errors that name them.
+# are errors that name them. The folder's model type is ``gpattn_bert``: plain ``transformers``
+# refuses it (an unknown model type) instead of loading MiniLM with random weights where the
+# unit was, and with ``gpattn_ppl.hf`` imported its Auto classes and
+# ``transformers.pipeline("text-classification", model=folder)`` load it with the unit.
 
 import json
 
@@ -194,7 +203,8 @@ folder = root / "minilm_h_gumbel_clinc"
 model.save_pretrained(folder)
 tokenizer.save_pretrained(folder)
 print(sorted(p.name for p in folder.iterdir()))
-print(json.loads((folder / "config.json").read_text())["gpattn_swap"][0]["paths"])
+saved = json.loads((folder / "config.json").read_text())
+print(saved["model_type"], saved["architectures"], saved["gpattn_swap"][0]["paths"])
 
 reloaded = from_pretrained(folder)
 again = SwappedTrainer(model=reloaded, args=args, eval_dataset=test_set,
@@ -214,23 +224,27 @@ print("equal after reload:", all(after[k] == before[k] for k in KEYS))
 # Per-query uncertainty
 # ---------------------
 #
-# :class:`~gpattn_ppl.hf.pipeline.UncertaintyPipeline` is called like a ``transformers``
-# text-classification pipeline and returns, per input, the predicted intent and its
-# probability, the class probabilities, the predictive entropy (total uncertainty) and the
-# mutual information between the prediction and the unit's latent variables (the part the
-# stochastic attention contributes). The first three queries are test queries of the ten
-# intents, the last three out-of-scope test queries: none of the ten intents is right for them.
+# ``import gpattn_ppl.hf`` registered the pipeline task ``"uncertainty-classification"`` with
+# ``transformers`` (:class:`~gpattn_ppl.hf.pipeline.UncertaintyPipeline`; ``model=folder``
+# would load the saved folder through :func:`~gpattn_ppl.hf.from_pretrained`). It is called
+# like a text-classification pipeline and returns, per input, the library's prediction record
+# (:mod:`gpattn_ppl.metrics.records`): the predicted intent (``label``) and its probability
+# (``score``), the class probabilities (``probs``), the predictive entropy (total uncertainty)
+# and the mutual information between the prediction and the unit's latent variables
+# (``mutual_info``, the part the stochastic attention contributes), from ``samples`` passes.
+# The first three queries are test queries of the ten intents, the last three out-of-scope test
+# queries: none of the ten intents is right for them.
 
-from gpattn_ppl.hf import UncertaintyPipeline
-
-pipe = UncertaintyPipeline(reloaded, load_tokenizer(folder), samples=8, batch_size=100)
+pipe = transformers.pipeline("uncertainty-classification", model=reloaded,
+                             tokenizer=load_tokenizer(folder), samples=8, batch_size=100,
+                             device=reloaded.device)
 test_texts, test_intents = clinc["test"]
 oos_texts = clinc["oos_test"][0]
 queries = [test_texts[0], test_texts[100], test_texts[200], *oos_texts[:3]]
 truth = [test_intents[0], test_intents[100], test_intents[200], "oos", "oos", "oos"]
 for text, true, rec in zip(queries, truth, pipe(queries)):
     print(f"{true:>19} -> {rec['label']:<19} p={rec['score']:.3f}  H={rec['entropy']:.3f}  "
-          f"MI={rec['mutual_information']:.1e}  {text}")
+          f"MI={rec['mutual_info']:.1e}  {text}")
 
 # %%
 # Out-of-scope detection
@@ -249,7 +263,7 @@ records = pipe(test_texts + oos_texts)
 is_oos = np.r_[np.zeros(len(test_texts)), np.ones(len(oos_texts))]
 scores = {"1 - max prob": [1 - r["score"] for r in records],
           "entropy": [r["entropy"] for r in records],
-          "mutual info": [r["mutual_information"] for r in records]}
+          "mutual info": [r["mutual_info"] for r in records]}
 for name, score in scores.items():
     print(f"OOS AUROC by {name:<13} {roc_auc_score(is_oos, score):.3f}")
 mi = np.asarray(scores["mutual info"])
@@ -283,6 +297,10 @@ torch.set_num_threads(threads)
 #   ``near_ood``).
 # * Any registered kind swaps in the same way (``swap(model, "kep_svgp", ...)``); with SGPA the
 #   step-0 rule sets the KL weight near 1e-8, without which its KL dominates the first steps
-#   (:ref:`pretrained-init`).
+#   (:ref:`pretrained-init`). ``swap(model)`` alone swaps the recommended CGPT into the last
+#   layer and records the posterior-mean predictive (``model.config.gpattn_predictive``).
+# * The saved folder loads with ``transformers.AutoModelForSequenceClassification`` once
+#   ``gpattn_ppl.hf`` is imported, and from the local Hugging Face cache by repo id with
+#   ``from_pretrained("org/name", revision=...)``.
 # * The same kind of model fine-tuned through the library's Pyro program, with its own run
 #   folder, is :doc:`pretrained_kep_svgp`.

@@ -190,10 +190,10 @@ cli("evaluate", "run", "--set", "eval.temperature_scaling=true", "--no-plots")
 # %%
 # ``predict RUN --input FILE`` reads texts from a ``.txt`` file (one per line), a ``.csv`` /
 # ``.tsv`` file (a ``text`` column) or a ``.jsonl`` file, and prints one JSON line per text: the
-# class probabilities, the predicted class, the predictive entropy, the mutual information
-# between the passes (``null`` for a deterministic network) and the maximum softmax probability
-# ``msp``. ``--out FILE`` writes the lines to a file instead; ``--samples T`` sets the number of
-# passes.
+# text, the predicted class (``label``) and its probability (``score``), the class probabilities
+# (``probs``), the predictive entropy and the mutual information between the passes
+# (``mutual_info``; ``null`` for a deterministic network). ``--out FILE`` writes the lines to a
+# file instead; ``--samples T`` sets the number of passes.
 
 (work / "new.txt").write_text("The chef baked fresh bread in the oven.\n"
                               "The striker scored a late goal.\n"
@@ -308,7 +308,7 @@ print(predictor)
 texts = (work / "new.txt").read_text().splitlines()
 for text, record in zip(texts, predictor.predict(texts, samples=8)):
     probs = " ".join(f"{c}={p:.2f}" for c, p in record["probs"].items())
-    print(f"{record['pred']:<6} {probs}  entropy={record['entropy']:.3f} "
+    print(f"{record['label']:<6} {probs}  entropy={record['entropy']:.3f} "
           f"mi={record['mutual_info']:.4f}  {text}")
 
 # %%

@@ -8,7 +8,7 @@ tutorial takes all-MiniLM-L6-v2 (a 6-layer BERT, width 384, 12 heads; shipped of
 ``text`` extra), replaces the softmax self-attention of its **last layer** by KEP-SVGP
 (:class:`~gpattn_ppl.attention.kep_svgp.KEPSVGPAttention`), and
 
-1. looks at what :func:`~gpattn_ppl.models.swap_attention` carried over from the pretrained
+1. looks at what :func:`~gpattn_ppl.hf.hub.swap` carried over from the pretrained
    layer, what it fitted, and how far the new layer's output is from the old one's at step 0;
 2. fine-tunes the whole model through the library's Pyro program (``model.arch: hf`` in a
    config: the checkpoint's own tokenizer, two learning rates);
@@ -27,9 +27,10 @@ tutorial takes all-MiniLM-L6-v2 (a 6-layer BERT, width 384, 12 heads; shipped of
 # ----------------
 #
 # :func:`~gpattn_ppl.models.hf.load_hf_encoder` loads the checkpoint from local files only.
-# ``swap_attention`` finds the encoder's self-attention layers (12 heads, width 384, its
-# dropouts), builds a KEP-SVGP unit of the same shape and puts it behind an adapter that keeps
-# BERT's calling convention, its attention mask and its residual LayerNorm. With
+# :func:`~gpattn_ppl.hf.hub.swap` (also named :func:`~gpattn_ppl.models.swap_attention`) finds
+# the encoder's self-attention layers (12 heads, width 384, its dropouts), builds a KEP-SVGP
+# unit of the same shape and puts it behind an adapter that keeps BERT's calling convention,
+# its attention mask and its residual LayerNorm. With
 # ``init="pretrained"`` (the default) the unit starts from the replaced layer; the calibration
 # batch, any inputs of the model, fits what the copies cannot give (here the kernel-SVD
 # projections and the output map), see :ref:`pretrained-init`.
@@ -37,7 +38,7 @@ tutorial takes all-MiniLM-L6-v2 (a 6-layer BERT, width 384, 12 heads; shipped of
 import torch
 
 from gpattn_ppl.data import load_tokenizer
-from gpattn_ppl.models import swap_attention
+from gpattn_ppl.hf import swap
 from gpattn_ppl.models.hf import load_hf_encoder
 
 torch.manual_seed(0)
@@ -49,7 +50,7 @@ sentences = ["The cat sat on the mat.", "John seems to be happy.",
 calibration = dict(tokenizer(sentences, padding=True, return_tensors="pt"))
 
 encoder = load_hf_encoder("all-MiniLM-L6-v2").eval()
-record = swap_attention(encoder, "kep_svgp", layers=[-1], calibration=calibration)[0]
+record = swap(encoder, "kep_svgp", layers=[-1], calibration=calibration)[0]
 for key in ("path", "copied", "fitted", "not_carried", "gap_mean", "gap_sample"):
     print(f"{key:12s} {record[key]}")
 
@@ -108,5 +109,5 @@ from gpattn_ppl.run.predictor import load_run
 
 predictor = load_run(run)
 for text, rec in zip(sentences[:5], predictor.predict(sentences[:5], samples=10)):
-    print(f"{rec['pred']:>12s}  p={max(rec['probs'].values()):.3f}  "
+    print(f"{rec['label']:>12s}  p={rec['score']:.3f}  "
           f"entropy={rec['entropy']:.3f}  MI={rec['mutual_info']:.2e}  {text}")

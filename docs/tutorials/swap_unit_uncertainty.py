@@ -233,11 +233,12 @@ show(figures["ood_cola_ood_mutual_info"])
 # :func:`gpattn_ppl.load_run <gpattn_ppl.run.predictor.load_run>` restores a run folder for
 # prediction (config, vocabulary, best weights and, since this run was evaluated with
 # temperature scaling, its temperature) without reading the dataset again. Its
-# :meth:`~gpattn_ppl.run.predictor.Predictor.predict` returns one record per text: the class
-# probabilities, the predicted class, the predictive entropy, the maximum softmax probability
-# (``msp``) and, for a stochastic network, the mutual information over ``samples`` passes
-# (``None`` for a deterministic one). ``gpattn-ppl predict RUN --input FILE`` prints the same
-# records as JSON lines.
+# :meth:`~gpattn_ppl.run.predictor.Predictor.predict` returns one record per text: the predicted
+# class (``label``) and its probability (``score``, the maximum softmax probability), the class
+# probabilities (``probs``), the predictive entropy and, for a stochastic network, the mutual
+# information over ``samples`` passes (``mutual_info``; ``None`` for a deterministic one), the
+# library's one prediction schema (:mod:`gpattn_ppl.metrics.records`). ``gpattn-ppl predict RUN
+# --input FILE`` prints the same records as JSON lines.
 
 import gpattn_ppl
 
@@ -253,7 +254,7 @@ for name in names:
     print(predictor)
     for text, rec in zip(sentences, predictor.predict(sentences, samples=8)):
         mi = "-" if rec["mutual_info"] is None else f"{rec['mutual_info']:.4f}"
-        print(f"  {rec['pred']:<13} p={rec['probs']['acceptable']:.3f} msp={rec['msp']:.3f} "
+        print(f"  {rec['label']:<13} p={rec['probs']['acceptable']:.3f} score={rec['score']:.3f} "
               f"entropy={rec['entropy']:.3f} mi={mi}  {text}")
 
 # %%

@@ -1,6 +1,12 @@
 """Multi-head attention units, one class per method, and the registry."""
 
-from .base import AttentionUnit, MCDropout, check_attention_inputs, check_parameter_memory
+from .base import (
+    AttentionUnit,
+    MCDropout,
+    RotaryPositions,
+    check_attention_inputs,
+    check_parameter_memory,
+)
 from .cgpt import CGPTAttention
 from .gp_unit import GPAttentionUnit
 from .gumbel import GumbelAttention
@@ -39,7 +45,8 @@ from .softmax import SoftmaxAttention
 __all__ = ["ATTENTION", "AttentionUnit", "CGPTAttention", "GPAttentionUnit", "SCGPTAttention",
            "GumbelAttention",
            "HierarchicalGumbelAttention", "KEPSVGPAttention", "KernelAttention", "MCDropout",
-           "NOISE_TARGET", "QUERY_SCALES", "SGPAttention", "SoftmaxAttention", "SoftmaxWeights",
+           "NOISE_TARGET", "QUERY_SCALES", "RotaryPositions", "SGPAttention", "SoftmaxAttention",
+           "SoftmaxWeights",
            "attention_option_types", "attention_options", "build_attention",
            "check_attention_inputs", "check_parameter_memory",
            "copy_output_projection", "copy_qkv", "dropped_biases",

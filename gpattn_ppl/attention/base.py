@@ -12,7 +12,9 @@ the unit itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,7 +22,8 @@ from torch import nn
 from .. import settings
 from ..ppl import draw, needs_site
 
-__all__ = ["AttentionUnit", "check_attention_inputs", "check_parameter_memory", "MCDropout"]
+__all__ = ["AttentionUnit", "RotaryPositions", "check_attention_inputs",
+           "check_parameter_memory", "MCDropout"]
 
 
 def _physical_memory_bytes() -> int | None:
@@ -85,6 +88,49 @@ def check_attention_inputs(x: torch.Tensor, mask: torch.Tensor | None, dim: int,
     return mask
 
 
+@dataclass(frozen=True)
+class RotaryPositions:
+    r"""The rotary position embeddings (RoPE) of one call, as a host computes them: ``cos`` and
+    ``sin`` ``[B or 1, N, D]`` (``D`` the head width), in the rotate-half convention of
+    ``transformers`` (GPT-NeoX, Llama, ModernBERT; ``cos = cat(cos θ, cos θ)``):
+
+    .. math::
+        \mathrm{rot}(t)_n = t_n \odot \cos_n + \mathrm{rotate\_half}(t_n) \odot \sin_n,
+        \qquad \mathrm{rotate\_half}([t_1, t_2]) = [-t_2, t_1]
+
+    so that :math:`\langle \mathrm{rot}(q)_i, \mathrm{rot}(k)_j\rangle` depends on the
+    positions through :math:`j - i` only. A unit applies it to its queries and keys inside
+    :meth:`AttentionUnit.positions` (:meth:`AttentionUnit.rotate`).
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def apply(self, t: torch.Tensor, token_dim: int = -2, where: str = "") -> torch.Tensor:
+        """``t`` (batch first, tokens at ``token_dim``, the head width last: ``[B, H, N, D]``
+        by default) rotated per token; computed in at least float32 (as the hosts do), returned
+        in ``t``'s dtype.
+
+        :raises ValueError: ``cos``/``sin`` that do not match ``t``'s batch, length or width.
+        """
+        cos, sin = self.cos, self.sin
+        B, N, D = t.shape[0], t.shape[token_dim], t.shape[-1]
+        if (cos.dim() != 3 or cos.shape != sin.shape or cos.shape[0] not in (1, B)
+                or cos.shape[1] != N or cos.shape[2] != D or D % 2):
+            raise ValueError(f"{where or 'RotaryPositions'}: rotary cos/sin of shape "
+                             f"{tuple(cos.shape)} / {tuple(sin.shape)} do not fit queries and "
+                             f"keys of batch {B}, length {N} and head width {D} (expected "
+                             f"[{B} or 1, {N}, {D}], D even)")
+        shape = [1] * t.dim()
+        shape[0], shape[token_dim], shape[-1] = cos.shape[0], N, D
+        work = torch.promote_types(t.dtype, torch.float32)
+        cos = cos.to(device=t.device, dtype=work).reshape(shape)
+        sin = sin.to(device=t.device, dtype=work).reshape(shape)
+        x = t.to(work)
+        half = torch.cat((-x[..., D // 2:], x[..., : D // 2]), dim=-1)
+        return (x * cos + half * sin).to(t.dtype)
+
+
 class MCDropout(nn.Dropout):
     """Dropout that stays active at evaluation when ``mc=True`` (Monte-Carlo dropout).
 
@@ -121,6 +167,14 @@ class AttentionUnit(nn.Module):
     """
 
     stochastic: bool = False
+    #: whether the unit applies :class:`RotaryPositions` to its queries and keys (every
+    #: projection of queries, keys or latent inputs calls :meth:`rotate`); a host that rotates
+    #: them (ModernBERT) takes only such units. A plug-in unit sets it once its projections do.
+    rotary_capable: bool = False
+    #: set by a host adapter whose layer rotates queries and keys: the unit then refuses to run
+    #: without positions (outside the host's call) rather than attend position-blind
+    requires_positions: bool = False
+    _rotary: RotaryPositions | None = None
 
     def __init__(self, dim: int, heads: int, *, attn_dropout: float | None = None,
                  proj_dropout: float = 0.0) -> None:
@@ -180,6 +234,35 @@ class AttentionUnit(nn.Module):
         """Whether the unit should return its posterior mean (inside
         :class:`~gpattn_ppl.settings.posterior_mean`)."""
         return settings.posterior_mean.on()
+
+    # -- rotary position embeddings -----------------------------------------------------------
+    @contextmanager
+    def positions(self, rotary: RotaryPositions | None) -> Iterator[AttentionUnit]:
+        """Within the context, the unit rotates its queries and keys (and latent inputs) by
+        ``rotary`` (``None``: not at all), as the host layer it stands in for does; the
+        previous positions are restored on exit."""
+        old, self._rotary = self._rotary, rotary
+        try:
+            yield self
+        finally:
+            self._rotary = old
+
+    def rotate(self, *ts: torch.Tensor, token_dim: int = -2) -> tuple[torch.Tensor, ...]:
+        """``ts`` rotated by the current :meth:`positions` (unchanged outside the context).
+
+        :raises ValueError: the unit :attr:`requires_positions` and is called outside
+            :meth:`positions` (e.g. on inputs captured from a ModernBERT layer).
+        """
+        rotary = self._rotary
+        if rotary is None:
+            if self.requires_positions:
+                raise ValueError(f"{self.site_prefix or type(self).__name__}: this unit stands "
+                                 "in for an attention that rotates its queries and keys by "
+                                 "rotary position embeddings; call it through its host model, "
+                                 "or inside unit.positions(RotaryPositions(cos, sin))")
+            return ts
+        where = self.site_prefix or type(self).__name__
+        return tuple(rotary.apply(t, token_dim, where) for t in ts)
 
     # -- helpers for subclasses ---------------------------------------------------------------
     def split_heads(self, t: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,8 @@ class _CorrelatedAttention(GPAttentionUnit):
     The head (``gp``) holds the regulariser options (``cgp_loss``, ``cgp_reduction``, ...).
     """
 
+    rotary_capable = True
+
     @property
     def head(self):
         """The GP head, ``gp``."""
@@ -85,10 +87,17 @@ class _CorrelatedAttention(GPAttentionUnit):
     def project(self, x: torch.Tensor, mask: torch.Tensor | None = None):
         """``(q, k, v, x_o)``, each ``[B, H, N, D]``: one GEMM with the stacked weights
         :math:`[W_q; W_k; W_v; W_o]` (a copy of ``4 C x C`` numbers instead of a second pass
-        over ``x``)."""
+        over ``x``). Inside :meth:`~gpattn_ppl.attention.AttentionUnit.positions` the queries,
+        keys and latent inputs (which sit at the tokens' positions) are rotated; SCGPT's
+        inducing inputs carry no position."""
         B, N, _ = x.shape
         weight = torch.cat([self.proj.weight, self.latent_weight()], 0)
-        return F.linear(x, weight).view(B, N, 4, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkvo = F.linear(x, weight).view(B, N, 4, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self._rotary is None and not self.requires_positions:
+            return qkvo
+        q, k, v, x_o = qkvo
+        q, k, x_o = self.rotate(q, k, x_o)
+        return q, k, v, x_o
 
 
 @register_attention("cgpt")

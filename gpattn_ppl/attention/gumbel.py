@@ -91,6 +91,7 @@ class GumbelAttention(ScheduledAttributes, AttentionUnit):
     """
 
     stochastic = True
+    rotary_capable = True
     _scheduled_attrs = ("temperature",)
 
     def __init__(self, dim: int, heads: int, *, temperature: float = 1.0,
@@ -118,9 +119,11 @@ class GumbelAttention(ScheduledAttributes, AttentionUnit):
                 f"straight_through={self.straight_through}")
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-head queries, keys and values, each ``[B, H, N, D]`` (role-major split)."""
+        """Per-head queries, keys and values, each ``[B, H, N, D]`` (role-major split; queries
+        and keys rotated inside :meth:`~gpattn_ppl.attention.AttentionUnit.positions`)."""
         B, N, _ = x.shape
         q, k, v = self.qkv(x).view(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = self.rotate(q, k)
         return q, k, v
 
     def logits(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

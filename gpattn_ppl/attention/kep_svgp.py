@@ -98,6 +98,8 @@ class KEPSVGPAttention(GPAttentionUnit):
     (torch.Size([4, 5, 8]), ['kl', 'ksvd_loss'])
     """
 
+    rotary_capable = True
+
     def __init__(self, dim: int, heads: int, *, rank: int = 5,
                  merge: Literal["add", "concat", "concat_features"] = "add",
                  feature_map: Literal["cosine", "linear"] = "cosine",
@@ -166,7 +168,7 @@ class KEPSVGPAttention(GPAttentionUnit):
     def project(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple:
         """The KSVD projections ``E, R`` ``[B, H, N, s]`` (GP dtype) and the output map."""
         self._check_length(x.shape[1])
-        E, R = self.features(x, mask)
+        E, R = self.features(x, mask, rotate=self.rotate)
         return E, R, self._output_maps
 
     def output(self, f, x: torch.Tensor) -> torch.Tensor:
@@ -213,7 +215,7 @@ def _kep_svgp(unit: KEPSVGPAttention, w: SoftmaxWeights, x, mask) -> dict:
         if unit.merge != "add":
             raise ValueError(f"{unit.site_prefix or 'KEPSVGPAttention'}: the pretrained "
                              f"calibration fits merge='add' only, not {unit.merge!r}")
-        phi_q, phi_k = feats.feature_maps(x)                              # [B, H, N, D]
+        phi_q, phi_k = feats.feature_maps(x, unit.rotate)                 # [B, H, N, D]
         if mask is not None:
             real = mask[:, None, :, None].to(phi_q.dtype)
             phi_q, phi_k = phi_q * real, phi_k * real
@@ -232,7 +234,7 @@ def _kep_svgp(unit: KEPSVGPAttention, w: SoftmaxWeights, x, mask) -> dict:
         q_u.chol_variational_covar.copy_(
             torch.diag_embed(lam)[:, None].expand(H, s, s, s).to(q_u.chol_variational_covar))
         # W_add: least squares of the head outputs on the posterior-mean features
-        E, R = feats(x, mask)
+        E, R = feats(x, mask, rotate=unit.rotate)
         G, _ = unit._output_maps(E, R)[0]                                # [B, H, N, s]
         m = unit.strategy.q_params(G.dtype)[0]                           # [H, s, s]
         Gm = torch.einsum("bhni,hdi->bhnd", G, m)                         # [B, H, N, s]

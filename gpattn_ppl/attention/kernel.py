@@ -61,6 +61,8 @@ class KernelAttention(AttentionUnit):
     for tile width t and one more evaluation of the logits in the backward.
     """
 
+    rotary_capable = True
+
     def __init__(self, dim: int, heads: int, *,
                  kernel: Literal["exponential", "rbf", "canonical"] = "exponential",
                  symmetric: bool = False, normalize: bool = True, attn_dropout: float = 0.0,
@@ -77,12 +79,15 @@ class KernelAttention(AttentionUnit):
         self.out = nn.Linear(dim, dim)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-head queries, keys and values ``[B, H, N, D]`` (keys = queries if symmetric)."""
+        """Per-head queries, keys and values ``[B, H, N, D]`` (keys = queries if symmetric;
+        queries and keys rotated inside :meth:`~gpattn_ppl.attention.AttentionUnit.positions`)."""
         B, N, _ = x.shape
         parts = self.proj(x).view(B, N, self.n_proj, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.symmetric:
-            return parts[0], parts[0], parts[1]
-        return parts[0], parts[1], parts[2]
+            q, = self.rotate(parts[0])
+            return q, q, parts[1]
+        q, k = self.rotate(parts[0], parts[1])
+        return q, k, parts[2]
 
     def attention_matrix(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The (normalised or raw) attention matrix ``[B, H, N, N]``; pad columns are exactly 0."""

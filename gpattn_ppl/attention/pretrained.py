@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import settings
-from .base import AttentionUnit
+from .base import AttentionUnit, RotaryPositions
 
 __all__ = ["NOISE_TARGET", "QUERY_SCALES", "SoftmaxWeights", "copy_output_projection",
            "copy_qkv", "dropped_biases", "fit_value_gain", "init_from_softmax", "mean_gap",
@@ -67,7 +67,9 @@ class SoftmaxWeights:
         W_O^\top + b_O,\qquad q = xW_q^\top + b_q,\ k = xW_k^\top + b_k,\ v = xW_v^\top + b_v
 
     with ``[C, C]`` weights (rows head-major: head h owns rows ``h D .. (h+1) D - 1``), ``[C]``
-    biases or ``None``, and the logit scale ``s`` (default :math:`1/\sqrt D`).
+    biases or ``None``, and the logit scale ``s`` (default :math:`1/\sqrt D`). ``rotary``: the
+    rotary position embeddings of one batch (:class:`~gpattn_ppl.attention.RotaryPositions`)
+    that the layer applies to ``q`` and ``k`` (ModernBERT); set for a calibration batch only.
     """
 
     q_weight: torch.Tensor
@@ -80,6 +82,7 @@ class SoftmaxWeights:
     out_bias: torch.Tensor | None
     heads: int
     scale: float | None = None
+    rotary: RotaryPositions | None = None
 
     def __post_init__(self) -> None:
         C = self.q_weight.shape[-1]
@@ -112,6 +115,8 @@ class SoftmaxWeights:
         """The attention matrix ``A`` ``[B, H, N, N]`` at ``x [B, N, C]`` (padded keys 0)."""
         q = self._split(F.linear(x, self.q_weight, self.q_bias))
         k = self._split(F.linear(x, self.k_weight, self.k_bias))
+        if self.rotary is not None:
+            q, k = self.rotary.apply(q), self.rotary.apply(k)
         logits = self.scale * (q @ k.mT)
         if mask is not None:
             logits = logits.masked_fill(~mask[:, None, None, :], float("-inf"))
@@ -183,7 +188,9 @@ def init_from_softmax(unit: AttentionUnit, weights: SoftmaxWeights, x: torch.Ten
     """Initialise ``unit`` from a pretrained softmax layer (see the module docstring).
 
     :param unit: an attention unit of the same width and head count as the layer.
-    :param weights: the layer's projections.
+    :param weights: the layer's projections (with ``rotary``, the positions of the calibration
+        batch of a layer that rotates queries and keys: the rule then runs inside
+        ``unit.positions(weights.rotary)``).
     :param x: the layer's inputs on a calibration batch ``[B, N, C]`` (optional: without it,
         only the copies are made and the data-dependent parts keep their defaults).
     :param mask: ``[B, N]`` bool, True on real tokens.
@@ -203,13 +210,14 @@ def init_from_softmax(unit: AttentionUnit, weights: SoftmaxWeights, x: torch.Ten
     w = SoftmaxWeights(*(None if t is None else t.detach().to(param) for t in (
         weights.q_weight, weights.k_weight, weights.v_weight, weights.out_weight,
         weights.q_bias, weights.k_bias, weights.v_bias, weights.out_bias)),
-        heads=weights.heads, scale=weights.scale)
+        heads=weights.heads, scale=weights.scale, rotary=weights.rotary)
     if x is not None:
         x = x.detach().to(param)
     was_training = unit.training
     unit.eval()
     try:
-        report = rule(unit, w, x, mask)
+        with unit.positions(w.rotary if w.rotary is not None else unit._rotary):
+            report = rule(unit, w, x, mask)
     finally:
         unit.train(was_training)
     return {"kind": getattr(unit, "kind", type(unit).__name__), **report}

@@ -113,6 +113,8 @@ class SGPAttention(GPAttentionUnit):
     (torch.Size([3, 5, 8]), torch.Size([3]))
     """
 
+    rotary_capable = True
+
     def __init__(self, dim: int, heads: int, *,
                  variant: Literal["standard", "decoupled"] = "decoupled", num_inducing: int = 16,
                  kernel: Literal["exponential", "rbf", "canonical"] = "exponential",
@@ -171,9 +173,13 @@ class SGPAttention(GPAttentionUnit):
 
     def project(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple:
         """Tied queries/keys and values ``[B, H, N, D]`` (role-major split of the fused weight);
-        decoupled: also :math:`W_{qk}` ``[H, D, C]``, which projects the global inducing keys."""
+        decoupled: also :math:`W_{qk}` ``[H, D, C]``, which projects the global inducing keys.
+        The tied queries/keys are rotated inside
+        :meth:`~gpattn_ppl.attention.AttentionUnit.positions`; the global inducing keys carry
+        no position."""
         B, N, _ = x.shape
         q, v = self.proj(x).view(B, N, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, = self.rotate(q)
         return (q, v) if self.variant == "standard" else (q, v, self.qk_weight)
 
 

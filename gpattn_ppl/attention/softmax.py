@@ -38,6 +38,8 @@ class SoftmaxAttention(AttentionUnit):
     torch.Size([3, 5, 8])
     """
 
+    rotary_capable = True
+
     def __init__(self, dim: int, heads: int, *, attn_dropout: float = 0.0,
                  proj_dropout: float = 0.0) -> None:
         super().__init__(dim, heads, attn_dropout=attn_dropout, proj_dropout=proj_dropout)
@@ -46,9 +48,11 @@ class SoftmaxAttention(AttentionUnit):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-head queries, keys and values, each ``[B, H, N, D]`` (role-major split of the
-        fused ``[B, N, 3, H, D]`` projection)."""
+        fused ``[B, N, 3, H, D]`` projection; queries and keys rotated inside
+        :meth:`~gpattn_ppl.attention.AttentionUnit.positions`)."""
         B, N, _ = x.shape
         q, k, v = self.qkv(x).view(B, N, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = self.rotate(q, k)
         return q, k, v
 
     def attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -8,9 +8,11 @@ MiniLM encoder) calls :func:`check_model_folder` first and then ``transformers``
 nothing is downloaded. The rules, each refused with one :class:`HFFolderError` line:
 
 * ``config.json`` is a JSON object of at most ``MAX_JSON_BYTES``; its ``model_type`` is one
-  ``transformers`` knows natively (``CONFIG_MAPPING``), and it has no ``auto_map`` (a folder
-  that asks to run its own code; gpattn_ppl never does). ``tokenizer_config.json`` may carry no
-  ``auto_map`` either;
+  ``transformers`` ships (``CONFIG_MAPPING_NAMES``), or one of the swapped model types gpattn_ppl
+  registers (``gpattn_<host>``, :mod:`gpattn_ppl.models.swapped_types`: a subclass of the shipped
+  host's config, registered in this process; any other registered type is refused), and it has
+  no ``auto_map`` (a folder that asks to run its own code; gpattn_ppl never does).
+  ``tokenizer_config.json`` may carry no ``auto_map`` either;
 * every file read is a regular file (not a FIFO, a device or a folder), and a link in the
   folder may not lead out of it (a Hugging Face cache snapshot, ``models--*/snapshots/REV``,
   may link into its own ``blobs/``);
@@ -41,9 +43,10 @@ from pathlib import Path
 
 from ..errors import GpattnError
 
-__all__ = ["HFFolderError", "check_model_folder", "checkpoint_record", "digest_differences",
-           "dtype_kind", "folder_digest", "locate_checkpoint", "minilm_folder",
-           "resolve_checkpoint", "safetensors_dtypes", "weight_files"]
+__all__ = ["HFFolderError", "HOST_TYPE_ATTR", "SWAPPED_TYPE_PREFIX", "check_model_folder",
+           "checkpoint_record", "digest_differences", "dtype_kind", "folder_digest",
+           "locate_checkpoint", "minilm_folder", "read_config_json", "resolve_checkpoint",
+           "safetensors_dtypes", "swapped_host_type", "weight_files"]
 
 #: the largest ``config.json`` / ``tokenizer_config.json`` read (a model's is a few KiB)
 MAX_JSON_BYTES = 4 << 20
@@ -65,6 +68,13 @@ SAFETENSORS_DTYPES = {
     "I16": ("int", 2), "I8": ("int", 1), "U64": ("int", 8), "U32": ("int", 4),
     "U16": ("int", 2), "U8": ("int", 1), "BOOL": ("bool", 1), "C64": ("complex", 8),
     "C128": ("complex", 16)}
+#: the model type of a swapped model is this prefix and its host's (``gpattn_bert``): plain
+#: ``transformers`` does not know it, so it refuses the folder instead of loading the host with
+#: random weights where the units were
+SWAPPED_TYPE_PREFIX = "gpattn_"
+#: the class attribute naming a swapped model type's host (``"bert"``), set on the generated
+#: config classes (:mod:`gpattn_ppl.models.swapped_types`)
+HOST_TYPE_ATTR = "gpattn_host_model_type"
 _MINILM_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 _INSTALL_HINT = 'pretrained text models need the text extra: pip install "gpattn-ppl[text]"'
 _CHUNK = 1 << 20
@@ -229,23 +239,67 @@ def _tokenizer_class(folder: Path, name: str, value: dict) -> None:
                                 "loaded")
 
 
-def _check_config(folder: Path) -> dict:
+def swapped_host_type(model_type) -> str | None:
+    """The host model type of a swapped model type (``"gpattn_bert"`` -> ``"bert"``); ``None``
+    for any other value."""
+    if isinstance(model_type, str) and model_type.startswith(SWAPPED_TYPE_PREFIX):
+        return model_type[len(SWAPPED_TYPE_PREFIX):] or None
+    return None
+
+
+def _registered_swapped_type(model_type: str) -> bool:
+    """Whether ``model_type`` is a swapped model type gpattn_ppl registered in this process: a
+    ``gpattn_<host>`` of a host ``transformers`` ships, mapped to a gpattn_ppl config class
+    derived from the host's."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    host = swapped_host_type(model_type)
+    if host is None or host not in CONFIG_MAPPING_NAMES or model_type not in CONFIG_MAPPING:
+        return False
+    cls = CONFIG_MAPPING[model_type]
+    return (isinstance(cls, type) and cls.__module__.startswith("gpattn_ppl.")
+            and getattr(cls, HOST_TYPE_ATTR, None) == host
+            and issubclass(cls, CONFIG_MAPPING[host]))
+
+
+def read_config_json(folder: str | Path) -> dict:
+    """``config.json`` of ``folder`` as a dict: a regular file in the folder (the folder's links
+    checked), a JSON object of at most ``MAX_JSON_BYTES``, without ``auto_map``; its
+    ``model_type`` is not checked here (:func:`check_model_folder` does).
+
+    :raises HFFolderError: a rule broken (one line naming the file).
+    :raises FileNotFoundError: no ``config.json``.
+    """
+    folder = Path(folder)
+    _check_links(folder)
     config = _read_json(folder, "config.json", MAX_JSON_BYTES, required=True)
     _never_run(folder, "config.json", config)
+    return config
+
+
+def _check_config(folder: Path) -> dict:
+    config = read_config_json(folder)
     _tokenizer_class(folder, "config.json", config)
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise HFFolderError(f"checkpoint {str(folder)!r}: config.json names no 'model_type' "
                             f"(got {model_type!r}); a Hugging Face config says which model it "
                             "is")
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    if model_type not in CONFIG_MAPPING:
+    if model_type in CONFIG_MAPPING_NAMES or _registered_swapped_type(model_type):
+        return config
+    host = swapped_host_type(model_type)
+    if host is not None and host in CONFIG_MAPPING_NAMES:
         raise HFFolderError(f"checkpoint {str(folder)!r}: config.json's model_type "
-                            f"{model_type[:80]!r} is not one transformers knows; gpattn_ppl "
-                            "loads the model types transformers ships, never a folder's own "
-                            "code")
-    return config
+                            f"{model_type[:80]!r} is a gpattn_ppl swapped {host} model, a type "
+                            "not registered in this process: load it with "
+                            "gpattn_ppl.hf.from_pretrained, or after "
+                            f"gpattn_ppl.hf.register_swapped_types({host!r})")
+    raise HFFolderError(f"checkpoint {str(folder)!r}: config.json's model_type "
+                        f"{model_type[:80]!r} is not one transformers knows; gpattn_ppl "
+                        "loads the model types transformers ships (and its own swapped "
+                        "gpattn_<host> types), never a folder's own code")
 
 
 def _check_tokenizer(folder: Path) -> None:
@@ -389,8 +443,7 @@ def check_model_folder(folder: str | Path, *, weights: bool = True) -> dict:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint {str(folder)!r}: no such folder")
-    _check_links(folder)
-    config = _check_config(folder)
+    config = _check_config(folder)  # the folder's links first
     _check_tokenizer(folder)
     if weights:
         for f in weight_files(folder):

@@ -352,7 +352,7 @@ def checkpoint_positions(checkpoint) -> int | None:
     ``pad_token_id + 1`` for RoBERTa-style position ids); ``None`` when it states none (or has
     relative positions only, DeBERTa's ``position_biased_input: false``) or the file cannot be
     read (the loaders name that)."""
-    from .hf_folder import resolve_checkpoint
+    from .hf_folder import resolve_checkpoint, swapped_host_type
 
     try:
         config = json.loads((resolve_checkpoint(checkpoint) / "config.json")
@@ -365,7 +365,9 @@ def checkpoint_positions(checkpoint) -> int | None:
     if isinstance(n, bool) or not isinstance(n, int):
         return None
     pad = config.get("pad_token_id")
-    if config.get("model_type") in _OFFSET_POSITIONS and isinstance(pad, int):
+    model_type = config.get("model_type")
+    model_type = swapped_host_type(model_type) or model_type   # a swapped host: the host's
+    if model_type in _OFFSET_POSITIONS and isinstance(pad, int):
         n -= pad + 1
     return n if n >= 2 else None
 

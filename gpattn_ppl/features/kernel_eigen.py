@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from gpytorch.constraints import Positive
 from gpytorch.module import Module
@@ -20,7 +22,7 @@ def _orthonormal(heads: int, rows: int, cols: int) -> torch.Tensor:
     """``[H, rows, cols]`` with orthonormal columns (rows if ``cols > rows``), one QR per head."""
     a = torch.randn(heads, max(rows, cols), min(rows, cols))
     q = torch.linalg.qr(a).Q
-    return q if rows >= cols else q.mT
+    return (q if rows >= cols else q.mT).contiguous()   # safetensors saves contiguous tensors
 
 
 class KernelEigenFeatures(Module):
@@ -93,10 +95,21 @@ class KernelEigenFeatures(Module):
         self.initialize(raw_lambda=self.raw_lambda_constraint.inverse_transform(value))
 
     # -- features -------------------------------------------------------------------------------
-    def feature_maps(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r""":math:`\Phi_q, \Phi_k`: ``[B, N, C] -> 2 x [B, H, N, D]`` (eq. 10's feature maps)."""
+    def _qk(self, x: torch.Tensor, rotate: Callable | None) -> torch.Tensor:
+        """``[B, N, 2, H, D]`` queries and keys of ``x``, rotated by ``rotate`` (a unit's
+        :meth:`~gpattn_ppl.attention.AttentionUnit.rotate`) when given."""
         B, N, _ = x.shape
         qk = self.qk(x).view(B, N, 2, self.heads, self.head_dim)
+        if rotate is not None:
+            qk, = rotate(qk, token_dim=1)
+        return qk
+
+    def feature_maps(self, x: torch.Tensor, rotate: Callable | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        r""":math:`\Phi_q, \Phi_k`: ``[B, N, C] -> 2 x [B, H, N, D]`` (eq. 10's feature maps);
+        ``rotate``: applied to the queries and keys first (rotary position embeddings, which
+        keep norms: the cosine map of the rotated vectors is the rotated map)."""
+        qk = self._qk(x, rotate)
         if self.feature_map == "cosine":
             # q / max(||q||, 1e-12) as in F.normalize, one fused pass for q and k: an all-zero
             # (pad) row maps to 0, never NaN
@@ -118,9 +131,10 @@ class KernelEigenFeatures(Module):
             E, R = E * keep, R * keep
         return E, R
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""``x: [B, N, C]``, ``mask: [B, N]`` bool -> ``(E, R)``, each ``[B, H, N, s]``.
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                rotate: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``x: [B, N, C]``, ``mask: [B, N]`` bool -> ``(E, R)``, each ``[B, H, N, s]``;
+        ``rotate`` as for :meth:`feature_maps`.
 
         Equal to ``project(*feature_maps(x), mask)`` (tested) but computed without forming the
         normalised feature maps: for the cosine map :math:`e(x) = W_e^\top q / \lVert q\rVert =
@@ -131,7 +145,7 @@ class KernelEigenFeatures(Module):
         """
         B, N, _ = x.shape
         H, D, s = self.heads, self.head_dim, self.rank
-        qk = self.qk(x)                                               # [B, N, 2C], role-major
+        qk = self.qk(x) if rotate is None else self._qk(x, rotate)   # [B, N, 2C], role-major
         dtype = settings.gp_dtype.resolve(x.dtype)
         with gp_precision(x.device.type):
             rows = qk.to(dtype).view(B * N, 2 * H, D)                 # row (b, n), col (role, h)

@@ -14,16 +14,36 @@ import numpy as np
 import torch
 
 from .. import settings
-from ..metrics import classification_report
+from ..metrics import SUM_TOL, classification_report
 from ..models.host import PrefixCache
 from ..models.swap import attention_units, swapped_prefix
 
-__all__ = ["EVAL_METRICS", "is_stochastic", "mc_logits", "prefix_targets",
+__all__ = ["EVAL_METRICS", "check_single_label", "is_stochastic", "mc_logits", "prefix_targets",
            "uncertainty_metrics"]
 
 #: what :func:`uncertainty_metrics` reports (names of
 #: :func:`~gpattn_ppl.metrics.classification_report`)
 EVAL_METRICS = ("acc", "mcc", "nll", "ece", "entropy", "mutual_info")
+
+
+def check_single_label(config, where: str) -> None:
+    """Refuse a multi-label or regression head (``problem_type`` or ``num_labels < 2``): the
+    library's predictive is one softmax over ``K >= 2`` classes.
+
+    :raises ValueError: naming the alternative.
+    """
+    problem = getattr(config, "problem_type", None)
+    K = int(getattr(config, "num_labels", 0) or 0)
+    if problem == "multi_label_classification":
+        raise ValueError(
+            f"{where}: multi-label classification (problem_type='multi_label_classification') "
+            "is not supported: the probabilities, entropy and mutual information here are those "
+            "of one softmax over the classes. Train one single-label classifier per label "
+            "(problem_type='single_label_classification', 2 classes), or take the per-pass "
+            "logits [B, S, K] from gpattn_ppl.hf.mc_logits and apply a sigmoid per label")
+    if problem == "regression" or K < 2:
+        raise ValueError(f"{where}: expected a single-label classifier with num_labels >= 2, "
+                         f"got problem_type={problem!r}, num_labels={K}")
 
 
 def is_stochastic(model: torch.nn.Module) -> bool:
@@ -60,18 +80,37 @@ def mc_logits(model: torch.nn.Module, inputs: dict, samples: int = 8, *,
         return torch.stack([model(**inputs).logits for _ in range(S)], 1)
 
 
+def _as_pass_probs(predictions) -> torch.Tensor:
+    """Per-pass probabilities ``[S, n, K]`` (float64) from predictions ``[n, S, K]`` or
+    ``[n, K]``: probabilities as they are, anything else (logits) through a softmax."""
+    x = torch.as_tensor(np.asarray(predictions), dtype=torch.float64)
+    if x.dim() == 2:
+        x = x.unsqueeze(1)
+    if x.dim() != 3:
+        raise ValueError(f"uncertainty_metrics: expected predictions [n, S, K] or [n, K], got "
+                         f"shape {tuple(x.shape)}")
+    is_probs = (bool(torch.isfinite(x).all()) and bool((x >= 0).all()) and bool((x <= 1).all())
+                and float((x.sum(-1) - 1).abs().max()) <= SUM_TOL)
+    return (x if is_probs else torch.softmax(x, -1)).transpose(0, 1)
+
+
 def uncertainty_metrics(eval_pred, metrics=EVAL_METRICS) -> dict[str, float]:
     """``compute_metrics`` for the ``Trainer``: :func:`~gpattn_ppl.metrics.classification_report`
     of the ``S``-pass predictive.
 
     :param eval_pred: a ``transformers.EvalPrediction`` (or ``(predictions, labels)``) whose
-        predictions are the per-pass logits ``[n, S, K]`` of
-        :class:`~gpattn_ppl.hf.trainer.SwappedTrainer` (or one pass ``[n, K]``).
+        predictions are the per-pass probabilities ``[n, S, K]`` that
+        :class:`~gpattn_ppl.hf.trainer.SwappedTrainer` gives a ``compute_metrics`` with
+        ``per_pass = True`` (this function has it), or one predictive ``[n, K]`` (then the
+        mutual information is 0). Rows that are not probabilities (that do not lie in
+        ``[0, 1]`` and sum to 1 within :data:`~gpattn_ppl.metrics.SUM_TOL`) are taken for logits
+        and put through a softmax.
     :returns: ``{"acc", "mcc", "nll", "ece", "entropy", "mutual_info"}`` (floats).
     """
-    logits, labels = eval_pred[0], eval_pred[1]
-    logits = torch.as_tensor(np.asarray(logits), dtype=torch.float64)
-    if logits.dim() == 2:
-        logits = logits.unsqueeze(1)
-    probs = torch.softmax(logits, -1).transpose(0, 1)                  # [S, n, K]
-    return classification_report(probs, torch.as_tensor(np.asarray(labels)), metrics=metrics)
+    probs = _as_pass_probs(eval_pred[0])                                # [S, n, K]
+    return classification_report(probs, torch.as_tensor(np.asarray(eval_pred[1])),
+                                 metrics=metrics)
+
+
+#: :class:`~gpattn_ppl.hf.trainer.SwappedTrainer` gives it the per-pass probabilities
+uncertainty_metrics.per_pass = True

@@ -27,24 +27,52 @@ objective, without which the first steps follow the KL alone. The weights then s
 temperatures) follow the trainer's epoch (:func:`~gpattn_ppl.ppl.apply_schedules`).
 
 At evaluation (``evaluate``, ``predict``) each batch runs ``mc_samples`` passes in evaluation
-mode (the units draw, dropout is off; :func:`~gpattn_ppl.hf.sampling.mc_logits`): the
-predictions are the per-pass logits ``[n, S, K]``, the loss is the NLL of the averaged
-probabilities, and the default ``compute_metrics``
-(:func:`~gpattn_ppl.hf.sampling.uncertainty_metrics`) reports accuracy, MCC, NLL, ECE, the
-predictive entropy and the mutual information.
+mode (the units draw, dropout is off; :func:`~gpattn_ppl.hf.sampling.mc_logits`), or one pass at
+the units' posterior means (``eval_mean``; default: ``model.config.gpattn_predictive ==
+"mean"``). The loss is the NLL of the averaged probabilities
+:math:`\bar p_i = \frac1S\sum_s p_{s,i}`, and
+
+* ``predict(...).predictions`` are the averaged probabilities :math:`\bar p` ``[n, K]``
+  (``argmax(-1)`` is the predicted class), or the per-pass probabilities ``[n, S, K]`` with
+  ``per_pass=True`` (an argument of ``predict`` or of the trainer);
+* a ``compute_metrics`` receives the averaged probabilities ``[n, K]`` as ``predictions``, so
+  an ordinary one (``argmax(-1)``, ``evaluate.load("accuracy")``) works as it is; one whose
+  attribute ``per_pass`` is true receives the per-pass probabilities ``[n, S, K]``. The
+  default, :func:`~gpattn_ppl.hf.sampling.uncertainty_metrics`, is such a one: it reports
+  accuracy, MCC, NLL, ECE, the predictive entropy and the mutual information.
+
+Only single-label classification is supported (``labels`` are class ids ``[B]``); a
+multi-label or regression head is refused when the trainer is built
+(:func:`~gpattn_ppl.hf.sampling.check_single_label`, which names the alternatives).
+
+Several processes (``torchrun --nproc_per_node P script.py`` or ``accelerate launch
+--multi_gpu --num_processes P script.py``; on CPU with the gloo backend, on GPUs with NCCL):
+the script is unchanged, every process builds the same model and trainer, and the ``Trainer``
+shards each global batch of ``P * per_device_train_batch_size`` examples. The objective stays
+the global one: :math:`N_\text{data}` is ``len(train_dataset)``, the size of the whole training
+set (every process holds all of it; pass ``num_data``, the global count, for a dataset without
+a length or one sharded by hand), each process's loss is its shard's mean plus the global terms
+over :math:`N_\text{data}`, and the data-parallel gradient average gives the gradient of the
+global batch's objective. The step-0 weights are computed from the cross-entropy and the terms
+averaged over the processes, so every process uses the same weights, those of one process with
+the same global batch (``tests/hf/test_trainer_distributed.py`` checks losses and weights
+against one process). The logged ``loss`` is the mean over the processes; the
+``term/<group>`` logs are those of the main process's batches. Evaluation and ``predict``
+gather the predictions of all processes (each example once).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..models.swap import attention_units
 from ..ppl import apply_schedules
 from .hub import _transformers, check_swap_record
-from .sampling import mc_logits, uncertainty_metrics
+from .sampling import check_single_label, mc_logits, uncertainty_metrics
 
 __all__ = ["STEP0_RATIO", "SwappedTrainer", "objective_terms", "step0_weight"]
 
@@ -95,7 +123,7 @@ def objective_terms(model: torch.nn.Module, num_data: int) -> dict[str, torch.Te
 
 class SwappedTrainer(transformers.Trainer):
     """``transformers.Trainer`` for a classifier with swapped attention units (see the module
-    docstring for the loss and the evaluation).
+    docstring for the loss, the evaluation and several processes).
 
     Takes every argument of ``Trainer`` plus:
 
@@ -103,46 +131,77 @@ class SwappedTrainer(transformers.Trainer):
         others are set on the first training batch (``step0``).
     :param mc_samples: stochastic passes averaged per evaluation batch (a deterministic model
         is run once).
-    :param eval_mean: evaluate the units' posterior means instead (one pass).
-    :param num_data: ``N_data`` for the global terms (default: ``len(train_dataset)``).
+    :param eval_mean: evaluate the units' posterior means instead (one pass); default
+        (``None``): ``model.config.gpattn_predictive == "mean"``.
+    :param num_data: ``N_data`` for the global terms (default: ``len(train_dataset)``): the
+        number of training examples of all processes together.
     :param eval_seed: seeds the passes of every evaluation, so that ``evaluate`` is
         reproducible (the random state of training is left as it was); ``None`` draws from the
         global state.
+    :param per_pass: ``predict`` returns the per-pass probabilities ``[n, S, K]`` instead of
+        their average ``[n, K]`` (also an argument of :meth:`predict`).
     :raises SwapRecordError: the model holds units swapped without a record (it could not be
         reloaded: use :func:`~gpattn_ppl.hf.swap`).
+    :raises ValueError: a multi-label or regression head
+        (:func:`~gpattn_ppl.hf.sampling.check_single_label`).
 
     ``compute_metrics`` defaults to :func:`~gpattn_ppl.hf.sampling.uncertainty_metrics`.
     The inputs need single-label class ids under ``labels``.
 
+    Several processes: launch the unchanged script with ``torchrun --nproc_per_node 2
+    train.py`` or ``accelerate launch --multi_gpu --num_processes 2 train.py`` (CPU: add
+    ``use_cpu=True`` to the ``TrainingArguments``; gloo is then the backend; accelerate's
+    ``--cpu`` alone starts one process). ``per_device_train_batch_size``
+    is per process, so the global batch is ``P`` times it. ``ddp_find_unused_parameters``
+    left at ``None`` is set to ``False`` in the ``TrainingArguments``: every parameter of a
+    swapped model reaches the loss, some (a variational covariance when the units run at their
+    posterior means) only through a unit's terms, which DDP's search for unused parameters,
+    from the forward's outputs, would count twice. Set it to ``True`` for a model with trainable
+    parameters that never reach the loss.
+
     :ivar term_weights: group -> weight in use (filled on the first training batch).
     :ivar step0: ``{"cross_entropy", "terms", "weights"}`` measured on the first training
-        batch (``None`` before).
+        batch (``None`` before); with several processes, the means over the processes.
     """
 
     def __init__(self, *args, term_weights: dict[str, float] | None = None,
-                 mc_samples: int = 8, eval_mean: bool = False, num_data: int | None = None,
-                 eval_seed: int | None = 0, **kwargs) -> None:
+                 mc_samples: int = 8, eval_mean: bool | None = None, num_data: int | None = None,
+                 eval_seed: int | None = 0, per_pass: bool = False, **kwargs) -> None:
         kwargs.setdefault("compute_metrics", uncertainty_metrics)
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if getattr(training_args, "ddp_find_unused_parameters", False) is None:
+            # every parameter reaches the loss, some only through a unit's terms (computed
+            # beside the forward's outputs), which DDP's search for unused parameters would
+            # mark ready twice
+            training_args.ddp_find_unused_parameters = False
         super().__init__(*args, **kwargs)
         if isinstance(self.model, transformers.PreTrainedModel):
             check_swap_record(self.model, where="SwappedTrainer")
+        config = getattr(self.model, "config", None)
+        if config is not None:
+            check_single_label(config, "SwappedTrainer")
         if mc_samples < 1:
             raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
+        if eval_mean is None:
+            eval_mean = getattr(config, "gpattn_predictive", None) == "mean"
         self.mc_samples, self.eval_mean = int(mc_samples), bool(eval_mean)
         self.eval_seed = eval_seed
+        self.per_pass = bool(per_pass)
         self.overrides = {k: float(v) for k, v in (term_weights or {}).items()}
         self._num_data = num_data
         self.term_weights: dict[str, float] = {}
         self.step0: dict | None = None
         self._sums: dict[str, float] = {}
         self._count = 0
+        self._per_pass_now: bool | None = None
         # the loss below is a per-batch mean: the Trainer divides it for gradient accumulation
         self.loss_is_scaled_for_ga = False
 
     # -- the objective --------------------------------------------------------------------------
     @property
     def num_data(self) -> int:
-        """``N_data``: ``num_data`` if given, else the size of the training set."""
+        """``N_data``: ``num_data`` if given, else the size of the training set (all of it,
+        whatever the number of processes)."""
         if self._num_data is not None:
             return int(self._num_data)
         try:
@@ -159,6 +218,12 @@ class SwappedTrainer(transformers.Trainer):
             return self.overrides[name]
         return step0_weight(ce0, t0)
 
+    def _process_mean(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` averaged over the processes (itself for one process)."""
+        if self.accelerator.num_processes <= 1:
+            return values
+        return self.accelerator.reduce(values, reduction="mean")
+
     def compute_loss(self, model, inputs, return_outputs: bool = False,
                      num_items_in_batch=None):
         """Cross-entropy plus the weighted term groups (module docstring)."""
@@ -166,16 +231,21 @@ class SwappedTrainer(transformers.Trainer):
         labels = inputs.pop("labels", None)
         if labels is None or labels.dim() != 1 or labels.is_floating_point():
             raise ValueError("SwappedTrainer: expected single-label class ids [B] under "
-                             f"'labels', got {None if labels is None else tuple(labels.shape)}")
+                             f"'labels', got {None if labels is None else tuple(labels.shape)}"
+                             " (multi-label classification is not supported)")
+        core = self.accelerator.unwrap_model(model)     # group names without a DDP "module."
         if model.training:
-            apply_schedules(model, float(self.state.epoch or 0.0), self.args.num_train_epochs)
+            apply_schedules(core, float(self.state.epoch or 0.0), self.args.num_train_epochs)
         outputs = model(**inputs)
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         ce = F.cross_entropy(logits.float(), labels)
-        terms = objective_terms(model, self.num_data)
+        terms = objective_terms(core, self.num_data)
         if model.training and self.step0 is None:
-            ce0 = float(ce.detach())
-            t0 = {g: float(v.detach()) for g, v in terms.items()}
+            groups = sorted(terms)
+            step0 = self._process_mean(torch.stack(
+                [ce.detach().float(), *(terms[g].detach().float() for g in groups)]))
+            ce0 = float(step0[0])
+            t0 = {g: float(v) for g, v in zip(groups, step0[1:])}
             self.term_weights = {g: self._weight(g, ce0, t) for g, t in t0.items()}
             self.step0 = {"cross_entropy": ce0, "terms": t0, "weights": dict(self.term_weights)}
         loss = ce
@@ -195,7 +265,8 @@ class SwappedTrainer(transformers.Trainer):
         return loss
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
-        """Add the mean unweighted term groups since the last training log (``term/<group>``)."""
+        """Add the mean unweighted term groups since the last training log (``term/<group>``;
+        with several processes, those of this process's batches)."""
         if "loss" in logs and self._count:
             for group, total in self._sums.items():
                 logs[f"term/{group}"] = total / self._count
@@ -203,24 +274,64 @@ class SwappedTrainer(transformers.Trainer):
         super().log(logs, *args, **kwargs)
 
     # -- evaluation -----------------------------------------------------------------------------
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test",
+                per_pass: bool | None = None):
+        """``Trainer.predict``: ``predictions`` are the averaged probabilities ``[n, K]``, or
+        the per-pass probabilities ``[n, S, K]`` with ``per_pass=True`` (default: the trainer's
+        ``per_pass``); ``metrics`` as :meth:`evaluate` with the prefix ``test_``."""
+        self._per_pass_now = self.per_pass if per_pass is None else bool(per_pass)
+        try:
+            return super().predict(test_dataset, ignore_keys=ignore_keys,
+                                   metric_key_prefix=metric_key_prefix)
+        finally:
+            self._per_pass_now = None
+
     def evaluation_loop(self, *args, **kwargs):
-        """``Trainer.evaluation_loop`` with its passes seeded by ``eval_seed``."""
-        if self.eval_seed is None:
-            return super().evaluation_loop(*args, **kwargs)
-        devices = [self.args.device] if self.args.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.eval_seed)
-            return super().evaluation_loop(*args, **kwargs)
+        """``Trainer.evaluation_loop`` with its passes seeded by ``eval_seed``, the per-pass
+        probabilities given to a ``compute_metrics`` with ``per_pass`` and the averaged ones to
+        any other, and averaged predictions unless ``per_pass`` was asked for."""
+        user = self.compute_metrics
+        if user is not None and not getattr(user, "per_pass", False):
+            def averaged(eval_pred, **kw):
+                return user(transformers.EvalPrediction(
+                    predictions=_average(eval_pred.predictions), label_ids=eval_pred.label_ids,
+                    inputs=eval_pred.inputs, losses=eval_pred.losses), **kw)
+            self.compute_metrics = averaged
+        try:
+            if self.eval_seed is None:
+                out = super().evaluation_loop(*args, **kwargs)
+            else:
+                devices = [self.args.device] if self.args.device.type == "cuda" else []
+                with torch.random.fork_rng(devices=devices):
+                    torch.manual_seed(self.eval_seed)
+                    out = super().evaluation_loop(*args, **kwargs)
+        finally:
+            self.compute_metrics = user
+        if not self._per_pass_now:
+            out = out._replace(predictions=_average(out.predictions))
+        return out
 
     def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
-        """``S`` passes: ``(NLL of the averaged probabilities, logits [B, S, K], labels)``."""
+        """``S`` passes: ``(NLL of the averaged probabilities, per-pass probabilities
+        [B, S, K], labels)``."""
         inputs = dict(self._prepare_inputs(inputs))
         labels = inputs.pop("labels", None)
-        logits = mc_logits(model, inputs, self.mc_samples, mean=self.eval_mean).float()
+        core = self.accelerator.unwrap_model(model)
+        logits = mc_logits(core, inputs, self.mc_samples, mean=self.eval_mean).float()
         loss = None
         if labels is not None:
             log_mean = torch.logsumexp(logits.log_softmax(-1), 1) - math.log(logits.shape[1])
             loss = F.nll_loss(log_mean, labels).detach()
         if prediction_loss_only:
             return loss, None, None
-        return loss, logits, labels
+        return loss, torch.softmax(logits, -1), labels
+
+
+def _average(predictions):
+    """Per-pass probabilities ``[n, S, K]`` -> their mean ``[n, K]`` (a list of such arrays
+    when the ``Trainer`` does not concatenate the batches; ``None`` stays ``None``)."""
+    if predictions is None:
+        return None
+    if isinstance(predictions, (list, tuple)):
+        return type(predictions)(_average(p) for p in predictions)
+    return np.asarray(predictions).mean(1)

@@ -136,7 +136,8 @@ def variance_budget(program: PyroProgram, dataset, *, num_samples: int = 16,
         def hook(module, args, kwargs, out):
             x = args[0]
             mask = args[1] if len(args) > 1 else kwargs.get("mask")
-            captured[path].append((x, mask, out))
+            # the rotary positions a host adapter gave the unit (ModernBERT), for the closed forms
+            captured[path].append((x, mask, out, module._rotary))
         return hook
 
     blocks: dict[str, list] = {p: [] for p in units}
@@ -176,7 +177,7 @@ def _measure(program, b, units, captured, blocks, features, num_samples: int, n:
     # one posterior-mean pass: each unit's inputs for the closed forms (its first call)
     with posterior_mean(True):
         program_pass(program, b.x, b.mask)
-    inputs = {p: captured[p][0][:2] for p in units}
+    inputs = {p: (captured[p][0][:2], captured[p][0][3]) for p in units}
     for p in units:
         captured[p].clear()
         blocks[p].clear()
@@ -185,7 +186,7 @@ def _measure(program, b, units, captured, blocks, features, num_samples: int, n:
     logits = torch.stack([program_pass(program, b.x, b.mask) for _ in range(T)])
     report: dict = {"units": {}, "num_samples": T, "examples": n}
     for path, unit in units.items():
-        x, mask = inputs[path]
+        (x, mask), rotary = inputs[path]
         row: dict = {"kind": type(unit).__name__}
         real = None if mask is None else mask[None, None, :, :, None]
         outs = _per_pass([c[2] for c in captured[path]], T)          # [T, k, B, N, C]
@@ -198,7 +199,8 @@ def _measure(program, b, units, captured, blocks, features, num_samples: int, n:
                 held = held * real.to(held.dtype)
             row["block_rel_var"] = _rel_spread(held)
         try:
-            pred = unit.predictive(x, mask)
+            with unit.positions(rotary):
+                pred = unit.predictive(x, mask)
         except NotImplementedError:
             pred = None
         if pred is not None:
@@ -207,7 +209,8 @@ def _measure(program, b, units, captured, blocks, features, num_samples: int, n:
                                     .clamp_min(1e-300))
             prior = q_at_prior(unit)
             if prior is not None:
-                pv = _masked_sum(prior.predictive(x, mask).variance, mask)
+                with prior.positions(rotary):
+                    pv = _masked_sum(prior.predictive(x, mask).variance, mask)
                 row["head_var_ratio"] = float(var / pv.clamp_min(1e-300))
         report["units"][path] = row
     report["features_rel_var"] = (_rel_spread(torch.stack(features))

@@ -18,7 +18,10 @@ NaN/inf, rows not summing to 1 within 1e-3, empty arrays, labels out of range) r
   takes the same inputs (OOD scores, figures);
 * :mod:`.temperature` -- temperature scaling of ``T``-pass logits (fit on validation data);
 * :mod:`.report` -- :func:`classification_report` (the OOD report is
-  :func:`gpattn_ppl.ood.ood_report`).
+  :func:`gpattn_ppl.ood.ood_report`);
+* :mod:`.records` -- :func:`prediction_records`: the one per-input prediction schema
+  (``label``, ``score``, ``probs``, ``entropy``, ``mutual_info``) of ``load_run(...).predict``,
+  ``gpattn-ppl predict`` and the Hugging Face pipeline.
 
 >>> import torch
 >>> from gpattn_ppl.metrics import classification_report
@@ -45,6 +48,7 @@ from .ood_detection import (
     ood_detection_metrics,
     ood_fpr95,
 )
+from .records import PREDICTION_KEYS, prediction_records
 from .report import HIGHER_IS_BETTER, METRIC_NAMES, classification_report
 from .selective import AURC, aurc, eaurc, risk_coverage_curve
 from .temperature import (
@@ -102,6 +106,8 @@ __all__ = [
     "ood_auroc",
     "ood_detection_metrics",
     "ood_fpr95",
+    "PREDICTION_KEYS",
+    "prediction_records",
     "predicted_class_std",
     "predictive_entropy",
     "predictive_variance",

@@ -63,7 +63,7 @@ def assemble_model(model: dict, **fill):
         from .hf import HFClassifier
         return HFClassifier(num_classes=m["num_classes"], checkpoint=m["checkpoint"],
                             pooling=m["pooling"], freeze=m["freeze"], swap=m["swap"],
-                            mc_dropout=m["mc_dropout"], **head)
+                            mc_dropout=m["mc_dropout"], train_layers=m["train_layers"], **head)
     attention = resolve_block_attention(m["depth"], m["attention"], m["overrides"])
     common = dict(num_classes=m["num_classes"], dim=m["dim"], depth=m["depth"], heads=m["heads"],
                   mlp_dim=m["mlp_dim"], dropout=m["dropout"], attention=attention,

@@ -17,9 +17,10 @@ from torch import nn
 from ..attention import MCDropout
 from ..data.hf_folder import resolve_checkpoint
 from .classifier import SNGPHostMixin
+from .frozen_prefix import FrozenPrefix
 from .host import AttentionHost
 from .sngp import residual_linears
-from .swap import calibrate_swapped, swap_attention, swapped_prefix
+from .swap import calibrate_swapped, find_attention_layers, swap_attention, swapped_prefix
 
 __all__ = ["FREEZE", "POOLING", "HFClassifier", "load_hf_encoder"]
 
@@ -131,12 +132,18 @@ class HFClassifier(SNGPHostMixin, AttentionHost):
         swapped unit's ``out``, and the feed-forward layers; not the embeddings, the pooler or
         the attention input projections), as BERT-SNGP.
     :param sngp: the options of the SNGP head (:data:`~gpattn_ppl.models.sngp.SNGP_DEFAULTS`).
+    :param train_layers: fine-tune only the top ``train_layers`` attention layers (and the head):
+        the embeddings and the layers below are frozen, kept in evaluation mode (no dropout, no
+        MC dropout, no spectral normalisation) and run once per example, their output kept
+        (:class:`~gpattn_ppl.models.frozen_prefix.FrozenPrefix`); ``None``: every layer is
+        trained. A swapped layer must be among the top ones.
     """
 
     def __init__(self, *, num_classes: int, checkpoint: str | Path | None = None,
                  encoder: nn.Module | None = None, pooling: str = "mean",
                  freeze: str = "none", swap: Sequence[dict] = (), dropout: float | None = None,
-                 mc_dropout: bool = False, head: str = "linear", sngp: dict | None = None) -> None:
+                 mc_dropout: bool = False, head: str = "linear", sngp: dict | None = None,
+                 train_layers: int | None = None) -> None:
         super().__init__()
         if (checkpoint is None) == (encoder is None):
             raise ValueError("HFClassifier needs exactly one of checkpoint or encoder")
@@ -168,15 +175,103 @@ class HFClassifier(SNGPHostMixin, AttentionHost):
                 units[r["path"]].objective_weights = dict(entry.get("objective") or {})
         p = getattr(config, "hidden_dropout_prob", getattr(config, "dropout", 0.1))
         self.dropout = MCDropout(float(p if dropout is None else dropout))
-        self.head = self._init_sngp(head, sngp, self.dim, num_classes,
-                                    lambda: residual_linears(self.encoder, "encoder."))
+        self.train_layers = train_layers
+        frozen = self._frozen_blocks(train_layers, freeze)
+        self.head = self._init_sngp(
+            head, sngp, self.dim, num_classes,
+            lambda: [n for n in residual_linears(self.encoder, "encoder.")
+                     if not any(n.startswith(b + ".") for b in frozen)])
         _mc_dropouts(self.encoder)
         for path, unit in self.attention_units().items():
             unit.site_prefix = path
         self._apply_freeze()
+        self.prefix = None
+        if frozen:
+            self.prefix = FrozenPrefix(self.encoder,
+                                       [self.get_submodule(b) for b in frozen])
+            self._frozen_modules = [self.encoder.embeddings] + self.prefix.blocks
+            for m in self._frozen_modules:
+                m.requires_grad_(False)
+            self.train(self.training)
         self.set_mc_dropout(mc_dropout)
+        if frozen:
+            self._check_prefix()
 
     # -- structure ------------------------------------------------------------------------------
+    def _frozen_blocks(self, train_layers: int | None, freeze: str) -> list[str]:
+        """Module paths (in this classifier) of the blocks below the top ``train_layers``."""
+        if train_layers is None:
+            return []
+        layers = find_attention_layers(self.encoder)
+        L = len(layers)
+        if isinstance(train_layers, bool) or not isinstance(train_layers, int) \
+                or not 1 <= train_layers <= L:
+            raise ValueError(f"train_layers must be an int in 1..{L} (the encoder's attention "
+                             f"layers) or None, got {train_layers!r}")
+        if freeze != "none":
+            raise ValueError(f"train_layers and freeze={freeze!r}: give one of them")
+        if train_layers == L:
+            return []
+        names = {id(m): n for n, m in self.encoder.named_modules()}
+        frozen = [f"encoder.{names[id(layer.parent)]}" for layer in layers[:L - train_layers]]
+        if len(set(frozen)) != len(frozen):
+            raise ValueError("train_layers: the encoder shares one block between depths "
+                             "(ALBERT); its layers cannot be frozen apart")
+        below = sorted(r["path"] for r in self.swap_records
+                       if any(r["path"].startswith(b + ".") for b in frozen))
+        if below:
+            raise ValueError(f"train_layers={train_layers}: the swapped unit(s) {below} sit in "
+                             "the frozen layers; swap into the top layers or raise train_layers")
+        return frozen
+
+    def _check_prefix(self) -> None:
+        """Compare the kept-states path with the full forward on a probe batch."""
+        g = torch.Generator().manual_seed(0)
+        V = int(getattr(self.encoder.config, "vocab_size", 100))
+        x = torch.randint(min(V - 1, 1000), V, (2, 7), generator=g) if V > 1 else None
+        mask = torch.ones(2, 7, dtype=torch.bool)
+        mask[1, 4:] = False
+        was = self.training
+        self.eval()
+
+        def full(x, mask):
+            torch.manual_seed(0)        # a stochastic unit draws the same in both paths
+            prefix, self.prefix = self.prefix, None
+            try:
+                return self.encoder(input_ids=x, attention_mask=mask.long()
+                                    ).last_hidden_state[mask]
+            finally:
+                self.prefix = prefix
+
+        def cached(x, mask):
+            h = self.prefix.states(x, mask)
+            torch.manual_seed(0)
+            with self.prefix.substitute(h):
+                return self.encoder(input_ids=x, attention_mask=mask.long()
+                                    ).last_hidden_state[mask]
+
+        with torch.random.fork_rng(devices=[]):
+            self.prefix.check(full, cached, x, mask, "HFClassifier(train_layers="
+                              f"{self.train_layers})")
+        self.train(was)
+
+    def train(self, mode: bool = True):
+        """As ``nn.Module.train``; the frozen layers of ``train_layers`` stay in evaluation
+        mode."""
+        super().train(mode)
+        for m in getattr(self, "_frozen_modules", ()):
+            m.eval()
+        return self
+
+    def set_mc_dropout(self, enabled: bool) -> None:
+        """As :meth:`AttentionHost.set_mc_dropout`; the frozen layers' dropouts stay off (their
+        output is kept per example)."""
+        super().set_mc_dropout(enabled)
+        for m in getattr(self, "_frozen_modules", ()):
+            for d in m.modules():
+                if isinstance(d, MCDropout):
+                    d.mc = False
+
     def _apply_freeze(self) -> None:
         if self.freeze == "embeddings":
             emb = getattr(self.encoder, "embeddings", None)
@@ -204,8 +299,9 @@ class HFClassifier(SNGPHostMixin, AttentionHost):
 
     def prefix_targets(self) -> list[tuple[object, str]]:
         """The embeddings and the encoder layers before the first stochastic swapped unit
-        (:func:`~gpattn_ppl.models.swap.swapped_prefix`)."""
-        return swapped_prefix(self.encoder)
+        (:func:`~gpattn_ppl.models.swap.swapped_prefix`); none with ``train_layers``, whose
+        frozen layers' output is kept per example already."""
+        return [] if self.prefix is not None else swapped_prefix(self.encoder)
 
     # -- calibration ----------------------------------------------------------------------------
     def calibrate(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> list[dict]:
@@ -229,7 +325,11 @@ class HFClassifier(SNGPHostMixin, AttentionHost):
         elif mask.shape != x.shape or mask.dtype != torch.bool:
             raise ValueError(f"HFClassifier: mask must be bool [B, N] = {tuple(x.shape)}, got "
                              f"{tuple(mask.shape)} {mask.dtype}")
-        h = self.encoder(input_ids=x, attention_mask=mask.long()).last_hidden_state
+        if self.prefix is not None:
+            with self.prefix.substitute(self.prefix.states(x, mask)):
+                h = self.encoder(input_ids=x, attention_mask=mask.long()).last_hidden_state
+        else:
+            h = self.encoder(input_ids=x, attention_mask=mask.long()).last_hidden_state
         if self.pooling == "cls":
             return h[:, 0]
         w = mask.unsqueeze(-1).to(h.dtype)

@@ -91,6 +91,8 @@ MODEL_SCHEMA: dict[str, Option] = {
     # arch hf: a pretrained Hugging Face encoder (models/hf.py)
     "checkpoint": Option((str, _NONE), None), "pooling": Option(str, "mean", ("cls", "mean")),
     "freeze": Option(str, "none", ("none", "embeddings", "all-but-swapped")),
+    # fine-tune the top layers only; the frozen ones run once per example (models/frozen_prefix.py)
+    "train_layers": _at_least(1, (int, _NONE), high=1024),
     "swap": Option(list, [], free=True),
     # the output layer: linear, or SNGP's random-Fourier-feature GP with spectrally normalised
     # residual layers (models/sngp.py, docs/derivations/sngp.rst); model.sngp applies to it only
@@ -354,6 +356,9 @@ def _check_hf(model: dict) -> None:
             raise ConfigError(f"{where}.init: {init!r} is not allowed; allowed: pretrained, random")
         entry["attention"] = check_attention(entry["attention"], f"{where}.attention")
         check_unit_objective(entry, where)
+    if model["train_layers"] is not None and model["freeze"] != "none":
+        raise ConfigError(f"model.train_layers and model.freeze: {model['freeze']!r}: give one "
+                          "of them (train_layers freezes the layers below the top ones)")
 
 
 def check_model(model: dict) -> None:
@@ -367,8 +372,10 @@ def check_model(model: dict) -> None:
     model["attention"] = check_attention(model["attention"], "model.attention")
     if model["arch"] == "hf":
         _check_hf(model)
-    elif model["swap"] or model["checkpoint"] is not None:
-        raise ConfigError(f"model.{'swap' if model['swap'] else 'checkpoint'}: applies to "
+    elif model["swap"] or model["checkpoint"] is not None or model["train_layers"] is not None:
+        key = ("swap" if model["swap"] else "checkpoint" if model["checkpoint"] is not None
+               else "train_layers")
+        raise ConfigError(f"model.{key}: applies to "
                           f"arch 'hf' only (arch is {model['arch']!r})")
     if not isinstance(model["overrides"], list):
         raise ConfigError("model.overrides: expected a list")

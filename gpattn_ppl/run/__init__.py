@@ -15,6 +15,10 @@
   imported on use);
 * :mod:`~gpattn_ppl.run.predictor` -- :func:`~gpattn_ppl.run.predictor.load_run`: predict with a
   trained run;
+* :mod:`~gpattn_ppl.run.saved_model` -- a ``save_pretrained`` folder of a swapped Hugging Face
+  classifier in place of a run folder (``predict``, ``explain``, ``evaluate --data``);
+* :mod:`~gpattn_ppl.run.export` -- ``gpattn-ppl export``: an ``arch: hf`` run as such a folder,
+  loadable by ``transformers``' Auto classes and pipelines;
 * :mod:`~gpattn_ppl.run.output` -- strict JSON and the one run summary;
 * :mod:`~gpattn_ppl.run.plugins` -- ``--import MODULE`` and entry points: user datasets and units;
 * :mod:`~gpattn_ppl.run.runtime` -- device, DDP, seeding, peak memory;
@@ -22,7 +26,10 @@
 * :mod:`~gpattn_ppl.run.compare` -- configs x seeds -> the mean ± std table;
 * :mod:`~gpattn_ppl.run.shift_report` -- the CIFAR-10-C and OOD-detector tables over runs, and
   the metric-vs-severity plots;
-* :mod:`~gpattn_ppl.run.demo` -- every registered unit on the bundled CoLA data;
+* :mod:`~gpattn_ppl.run.demo` -- the main job: the recommended unit in a fine-tuned MiniLM against
+  softmax (+ TS, + LLA) and SNGP on the bundled CLINC150 demo slice;
+* :mod:`~gpattn_ppl.run.sweep` -- every registered unit from scratch on frozen features
+  (``demo --all-units``);
 * :mod:`~gpattn_ppl.run.benchmarking`, :mod:`~gpattn_ppl.run.plotting` -- timings and figures;
 * :mod:`~gpattn_ppl.run.cli` -- the ``gpattn-ppl`` command.
 
@@ -53,9 +60,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
                 "summarise", "with_posthoc_rows", "write_table"),
     "config": ("Config", "ConfigError", "SCHEMA", "apply_overrides", "check_extras",
                "load_config", "requires_extras", "validate_config"),
-    "demo": ("BASELINE_PRESETS", "DEMO_PRESETS", "DEMO_TASKS", "demo_encoder", "demo_methods",
-             "laplace_available", "run_demo", "verdict"),
+    "demo": ("DEMO_FILES", "RECIPE", "RECIPE_METHODS", "recipe_configs", "recipe_table",
+             "run_demo"),
     "explain": ("explain_sentence",),
+    "export": ("PROBE_TEXTS", "ExportError", "export_run"),
     "evaluate": ("check_ood_names", "evaluate_laplace", "evaluate_model",
                  "evaluate_predictions", "temper"),
     "laplace": ("HESSIANS", "LINKS", "PRIOR_BOUNDS", "PRIOR_GRID", "LastLayerLaplace", "centred_covariance",
@@ -64,12 +72,16 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "output": ("dumps", "strict", "summary"),
     "plugins": ("ENTRY_POINT_GROUP", "import_plugins", "imported_plugins", "load_entry_points"),
     "predictor": ("Predictor", "load_run", "read_inputs"),
+    "sweep": ("BASELINE_PRESETS", "DEMO_PRESETS", "DEMO_TASKS", "demo_encoder", "demo_methods",
+              "laplace_available", "run_sweep", "verdict"),
     "results": ("draw_run_plots", "evaluate_best", "evaluate_run", "numerics_summary"),
     "rundir": ("IGNORED_KEYS", "LOCK_FILE", "RUN_FILES", "RunFolderError", "RunLock",
                "acquire_lock", "check_run_folder",
                "clear_run_files", "config_differences", "holds_run", "listed_files",
                "read_manifest", "record_files", "run_lock", "write_json_atomic"),
     "runfolder": ("RunFolder", "open_run", "written_run"),
+    "saved_model": ("DEFAULT_SAMPLES", "SavedModelPredictor", "evaluate_saved_model",
+                    "is_saved_model", "load_predictor", "load_saved_model"),
     "plotting": ("metric_vs_severity_plot", "ood_roc_plot", "ood_score_histogram",
                  "planned_plot_names", "plot_compare", "plot_runs", "rejection_curve_plot",
                  "reliability_diagram", "risk_coverage_plot"),

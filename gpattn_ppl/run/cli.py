@@ -1,5 +1,5 @@
-"""Command line: ``gpattn-ppl train | evaluate | predict | plot | explain | compare | bench |
-demo``.
+"""Command line: ``gpattn-ppl train | evaluate | predict | export | plot | explain | compare |
+bench | demo``.
 
 Every command prints strict JSON or Markdown; errors the user can fix (a bad config, a missing
 or malformed file, a refused run folder, a bad argument) print one ``gpattn-ppl <command>: error:
@@ -96,10 +96,40 @@ def _train(args) -> int:
     return 0
 
 
+#: evaluate's arguments for a save_pretrained folder (-> the hint for a run folder), and a run
+#: folder's (-> why a folder takes none)
+_FOLDER_EVAL_ARGS = {"data": "--data", "text_column": "--text-column",
+                     "label_column": "--label-column", "samples": "--samples",
+                     "seed": "--seed", "batch_size": "--batch-size", "device": "--device",
+                     "mean": "--mean"}
+_RUN_EVAL_ARGS = {"ood": "--ood", "set": "--set", "checkpoint": "--checkpoint",
+                  "allow_changed_data": "--allow-changed-data"}
+_RUN_EVAL_HINTS = {"--samples": "--set eval.mc_samples=N", "--device": "--set train.device=NAME",
+                   "--mean": "--set eval.predictive=mean", "--seed": "the run's train.seed"}
+
+
+def _given(args, dest: str) -> bool:
+    """Whether the argument ``dest`` was given (not its default: None, False or no --set)."""
+    value = getattr(args, dest)
+    return value is not None and value is not False and value != []
+
+
 def _evaluate(args) -> int:
     from .output import dumps, summary
     from .results import evaluate_run
+    from .saved_model import is_saved_model
 
+
+    if is_saved_model(args.run_dir):
+        return _evaluate_folder(args)
+    given = [flag for dest, flag in _FOLDER_EVAL_ARGS.items() if _given(args, dest)]
+    if given:
+        flag = given[0]
+        hint = (f" (for a run folder: {_RUN_EVAL_HINTS[flag]})" if flag in _RUN_EVAL_HINTS
+                else "")
+        raise CommandLineError(f"evaluate {flag}: applies to a save_pretrained model folder; "
+                               f"{args.run_dir} is evaluated as a run folder, on the data of "
+                               f"its config{hint}")
     results = evaluate_run(args.run_dir, ood=args.ood, overrides=args.set,
                            allow_changed_data=args.allow_changed_data, plots=not args.no_plots,
                            checkpoint=args.checkpoint)
@@ -107,17 +137,50 @@ def _evaluate(args) -> int:
     return 0
 
 
+def _evaluate_folder(args) -> int:
+    """``evaluate FOLDER --data DATA``: a save_pretrained folder's metrics on labelled data."""
+    from .config import check_device
+    from .output import dumps
+    from .saved_model import evaluate_saved_model
+
+    given = [flag for dest, flag in _RUN_EVAL_ARGS.items() if _given(args, dest)]
+    if given:
+        raise CommandLineError(f"evaluate {given[0]}: applies to a run folder; {args.run_dir} "
+                               "is a save_pretrained model folder (evaluated on --data, with "
+                               "--samples / --mean)")
+    if args.data is None:
+        raise CommandLineError(f"evaluate: {args.run_dir} is a save_pretrained model folder, "
+                               "which holds no data; name labelled data with --data (a .csv / "
+                               ".tsv / .jsonl file of texts and labels, or a dataset such as "
+                               "cola)")
+    device = args.device or "cpu"
+    check_device(device, "evaluate --device")
+    if args.mean and args.samples is not None:
+        raise CommandLineError("--mean and --samples exclude each other (--mean is one pass)")
+    results = evaluate_saved_model(
+        args.run_dir, args.data, text_column=args.text_column or "text",
+        label_column=args.label_column or "label", samples=args.samples,
+        batch_size=args.batch_size or 256, seed=args.seed or 0, device=device, mean=args.mean)
+    print(dumps(results))
+    return 0
+
+
 def _predict(args) -> int:
     from .config import check_device
     from .output import dumps
-    from .predictor import load_run, read_inputs
+    from .predictor import read_inputs
+    from .saved_model import is_saved_model, load_predictor
 
     check_device(args.device, "predict --device")
+    if args.checkpoint is not None and is_saved_model(args.run_dir):
+        raise CommandLineError(f"predict --checkpoint: {args.run_dir} is a save_pretrained "
+                               "model folder, which holds its own weights; --checkpoint applies "
+                               "to arch: hf run folders")
     if args.out:
         _check_out_file(Path(args.out), Path(args.run_dir), args.force, source=Path(args.input))
     texts = read_inputs(args.input, args.text_column)
-    predictor = load_run(args.run_dir, device=args.device, temperature=not args.no_temperature,
-                         checkpoint=args.checkpoint)
+    predictor = load_predictor(args.run_dir, device=args.device,
+                               temperature=not args.no_temperature, checkpoint=args.checkpoint)
     if args.mean and args.samples is not None:
         raise CommandLineError("--mean and --samples exclude each other (--mean is one pass)")
     records = predictor.predict(texts, samples=args.samples, batch_size=args.batch_size,
@@ -142,12 +205,14 @@ def _check_out_file(out: Path, run_dir: Path, force: bool, *, source: Path | Non
     included); then :func:`gpattn_ppl.safe_files.check_output_file` (never a folder, a link, a
     FIFO, a socket or a device; an existing file only with ``force``). Writes nothing."""
     from ..safe_files import check_output_file
+    from .saved_model import is_saved_model
 
+    kind = "model" if is_saved_model(run_dir) else "run"
     target, run = out.resolve(), run_dir.resolve()
     if target == run or run in target.parents:
-        raise CommandLineError(f"--out {out}: inside the run folder {run_dir} (or a link into "
-                               "it), where nothing but the run's own files is written (--force "
-                               f"included); write {what} elsewhere")
+        raise CommandLineError(f"--out {out}: inside the {kind} folder {run_dir} (or a link "
+                               f"into it), where nothing but the {kind}'s own files is written "
+                               f"(--force included); write {what} elsewhere")
     exists = out.exists()
     if source is not None and (target == source.resolve() or (
             exists and source.exists() and os.path.samefile(out, source))):
@@ -155,9 +220,19 @@ def _check_out_file(out: Path, run_dir: Path, force: bool, *, source: Path | Non
                                f"write {what} elsewhere")
     if exists and run.is_dir() and any(
             f.is_file() and os.path.samefile(out, f) for f in run.rglob("*")):
-        raise CommandLineError(f"--out {out}: a link to a file of the run folder {run_dir} "
-                               f"(--force included); write {what} elsewhere")
+        raise CommandLineError(f"--out {out}: a link to a file of the {kind} folder "
+                               f"{run_dir} (--force included); write {what} elsewhere")
     check_output_file(out, force=force, example=example)
+
+
+def _export(args) -> int:
+    from .export import export_run
+    from .output import dumps
+
+    result = export_run(args.run_dir, args.out, force=args.force, checkpoint=args.checkpoint)
+    print(dumps(result))
+    print(f"wrote {result['out']}", file=sys.stderr)
+    return 0
 
 
 def _plot(args) -> int:
@@ -228,9 +303,11 @@ def _bench(args) -> int:
 def _demo(args) -> int:
     from .demo import run_demo
 
+    if args.tasks and not args.all_units:
+        raise CommandLineError("demo --tasks chooses among the sweep's tasks: give --all-units")
     print(run_demo(args.out, smoke=args.smoke, seed=args.seed, methods=args.methods,
                    progress=not args.no_progress, resume=args.resume, force=args.force,
-                   tasks=args.tasks))
+                   all_units=args.all_units, tasks=args.tasks))
     return 0
 
 
@@ -245,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``gpattn-ppl`` (every argument has help text and an example)."""
     p = _Parser(
         prog="gpattn-ppl", description="Uncertainty-aware Transformer attention (GP and "
-        "stochastic units): train, evaluate, predict, plot, explain, compare, bench, demo.",
+        "stochastic units): train, evaluate, predict, export, plot, explain, compare, bench, "
+        "demo.",
         epilog="example:\n  gpattn-ppl train experiments/configs/cola/softmax.yaml "
         "--set train.epochs=5\n  gpattn-ppl <command> --help   (help and an example per command)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -281,9 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "start afresh")
 
     e = _sub(sub, "evaluate", "re-evaluate a run folder's best checkpoint (test and OOD sets); "
-             "draws its plots into RUN_DIR/plots", "gpattn-ppl evaluate runs/cola/softmax "
-             "--ood cola_ood --set eval.temperature_scaling=true", _evaluate)
-    e.add_argument("run_dir", help="a run folder written by train, e.g. runs/cola/softmax")
+             "draws its plots into RUN_DIR/plots. A save_pretrained folder of a swapped Hugging "
+             "Face classifier (its tokenizer beside it) is evaluated on --data instead, "
+             "writing nothing", "gpattn-ppl evaluate runs/cola/softmax "
+             "--ood cola_ood --set eval.temperature_scaling=true\n  gpattn-ppl evaluate "
+             "my_swapped_bert --data test.csv --samples 20", _evaluate)
+    e.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by train, e.g. "
+                   "runs/cola/softmax, or a save_pretrained folder of a swapped Hugging Face "
+                   "sequence classifier with its tokenizer (then --data)")
     e.add_argument("--checkpoint", default=None, metavar="FOLDER", help=_CHECKPOINT_HELP)
     e.add_argument("--ood", nargs="+", default=None, metavar="NAME",
                    help="OOD sets to evaluate (default: eval.ood of the run, else every OOD set "
@@ -295,11 +378,40 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--allow-changed-data", action="store_true",
                    help="evaluate even if the data changed since training (default: refuse; the "
                    "results then carry a warning)")
+    e.add_argument("--data", default=None, metavar="DATA",
+                   help="save_pretrained folders only: the labelled data, a .csv / .tsv / .jsonl "
+                   "file of texts and labels (the model's id2label names, or 0..K-1 for "
+                   "LABEL_k) or a registered text dataset needing no files (its test and OOD "
+                   "sets), e.g. --data test.csv, --data cola")
+    e.add_argument("--text-column", default=None, metavar="NAME",
+                   help="with --data FILE: the column / key of the text (default: text), e.g. "
+                   "--text-column sentence")
+    e.add_argument("--label-column", default=None, metavar="NAME",
+                   help="with --data FILE: the column / key of the label (default: label), e.g. "
+                   "--label-column y")
+    e.add_argument("--samples", type=_positive_int, default=None, metavar="T",
+                   help="save_pretrained folders only: stochastic passes averaged (default 10; "
+                   "a run folder: --set eval.mc_samples=T), e.g. --samples 20")
+    e.add_argument("--mean", action="store_true",
+                   help="save_pretrained folders only: one pass at the units' posterior means")
+    e.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="save_pretrained folders only: inputs per forward pass (default 256), "
+                   "e.g. --batch-size 64")
+    e.add_argument("--seed", type=_seed, default=None,
+                   help="save_pretrained folders only: seed of the passes (default 0), e.g. "
+                   "--seed 1")
+    e.add_argument("--device", default=None,
+                   help="save_pretrained folders only: cpu, cuda, cuda:1 or auto (default cpu; a "
+                   "run folder: --set train.device=NAME), e.g. --device auto")
 
-    r = _sub(sub, "predict", "predict new inputs with a trained run (JSON Lines: text, probs, "
-             "pred, entropy, mutual_info, msp)", "gpattn-ppl predict runs/cola/softmax --input "
+    r = _sub(sub, "predict", "predict new inputs with a trained run, or with a save_pretrained "
+             "folder of a swapped Hugging Face classifier (JSON Lines: text, label, score, "
+             "probs, entropy, mutual_info)", "gpattn-ppl predict runs/cola/softmax --input "
              "sentences.txt --out predictions.jsonl --samples 20", _predict)
-    r.add_argument("run_dir", help="a run folder written by train, e.g. runs/cola/softmax")
+    r.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by train, e.g. "
+                   "runs/cola/softmax, or a save_pretrained folder of a swapped Hugging Face "
+                   "sequence classifier with its tokenizer (no temperature; --samples default "
+                   "10)")
     r.add_argument("--checkpoint", default=None, metavar="FOLDER", help=_CHECKPOINT_HELP)
     r.add_argument("--input", required=True, metavar="FILE",
                    help="texts: .txt (one per line), .csv / .tsv (a 'text' column) or .jsonl "
@@ -328,6 +440,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-temperature", action="store_true",
                    help="ignore the run's fitted temperature (raw probabilities)")
 
+    xp = _sub(sub, "export", "write an arch: hf run as a Hugging Face folder (its tokenizer "
+              "beside it; the run's head, class names, predictive and temperature in "
+              "config.json) that AutoModelForSequenceClassification.from_pretrained and "
+              "transformers.pipeline load after `import gpattn_ppl.hf`; its logits are the "
+              "run's (JSON summary)", "gpattn-ppl export runs/clinc/cgpt exported/clinc_cgpt",
+              _export)
+    xp.add_argument("run_dir", metavar="RUN", help="an arch: hf run folder written by train, "
+                    "e.g. runs/clinc/cgpt (linear head, no MC dropout, with best.pt)")
+    xp.add_argument("out", metavar="OUT", help="the folder to write (created; a real folder, "
+                    "never a link, the run folder or inside it), e.g. exported/clinc_cgpt")
+    xp.add_argument("--force", action="store_true", help="write into an OUT that holds files, "
+                    "replacing the export's own files there (default: refuse a non-empty OUT)")
+    xp.add_argument("--checkpoint", default=None, metavar="FOLDER", help=_CHECKPOINT_HELP)
+
     g = _sub(sub, "plot", "draw reliability diagrams, risk-coverage curves and OOD score "
              "histograms of evaluated runs", "gpattn-ppl plot runs/cola/softmax "
              "runs/cola/sgpa --out plots/", _plot)
@@ -347,11 +473,14 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--both", action="store_true",
                     help="draw the raw and the temperature-scaled predictive side by side")
 
-    x = _sub(sub, "explain", "one sentence through a trained run: attention heat-maps of a "
-             "unit, per-token uncertainty and class probabilities (PNG; numbers as JSON)",
+    x = _sub(sub, "explain", "one sentence through a trained run (or a save_pretrained folder "
+             "of a swapped Hugging Face classifier): attention heat-maps of a unit, per-token "
+             "uncertainty and class probabilities (PNG; numbers as JSON)",
              "gpattn-ppl explain runs/cola/sgpa \"The book was read by me.\" --out why.png",
              _explain)
-    x.add_argument("run_dir", help="a run folder written by train, e.g. runs/cola/sgpa")
+    x.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by train, e.g. "
+                   "runs/cola/sgpa, or a save_pretrained folder of a swapped Hugging Face "
+                   "sequence classifier with its tokenizer")
     x.add_argument("text", help="the sentence to explain, e.g. \"The book was read.\"")
     x.add_argument("--out", default=None, metavar="PNG",
                    help="figure path (default: RUN_DIR_explain.png beside the run folder; never "
@@ -360,7 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "regular file only: never a link, a device or a folder)")
     x.add_argument("--layer", default=None, metavar="PATH",
                    help="module path of the unit (default: the last stochastic unit, else the "
-                   "last), e.g. --layer blocks.1.attn")
+                   "last), e.g. --layer blocks.1.attn, --layer "
+                   "bert.encoder.layer.1.attention.unit")
     x.add_argument("--samples", type=_positive_int, default=None, metavar="T",
                    help="stochastic passes (default: eval.mc_samples of the run), e.g. "
                    "--samples 20")
@@ -414,19 +544,24 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="benchmarks/results/layers.json", metavar="FILE",
                    help="JSON output (default benchmarks/results/layers.json)")
 
-    d = _sub(sub, "demo", "the main job: train and evaluate every registered unit, SNGP and "
-             "softmax (+ TS, + last-layer Laplace) on the bundled CoLA data and CLINC150 slice; "
-             "tables, plots and which methods beat the baselines", "gpattn-ppl demo --methods "
-             "softmax sgpa --tasks clinc150_slice --out demo_out", _demo)
+    d = _sub(sub, "demo", "the main job: fine-tune the bundled MiniLM with the recommended unit "
+             "(CGPT in the last layer, posterior mean + TS) against softmax (+ TS, + last-layer "
+             "Laplace) and SNGP on the bundled CLINC150 demo slice; one table, one sentence per "
+             "baseline, the OOD figure. --all-units: every unit from scratch on frozen features "
+             "(CoLA and the CLINC150 slice)", "gpattn-ppl demo --out demo_out", _demo)
     d.add_argument("--out", default="demo_out", metavar="DIR", help="output folder (default "
                    "demo_out)")
     d.add_argument("--smoke", action="store_true", help="tiny run in seconds (what CI runs)")
     d.add_argument("--seed", type=int, default=0, help="train.seed (default 0)")
     d.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
-                   help="a subset of the demo methods, e.g. --methods softmax kep_svgp "
-                   "(default: all)")
+                   help="a subset of the demo methods: softmax sngp cgpt; with --all-units the "
+                   "sweep's, e.g. --methods softmax kep_svgp (default: all)")
+    d.add_argument("--all-units", action="store_true",
+                   help="the sweep: every registered unit, SNGP and softmax trained from "
+                   "scratch on frozen MiniLM features of CoLA and the CLINC150 slice")
     d.add_argument("--tasks", nargs="+", default=None, metavar="TASK",
-                   help="a subset of the demo tasks: cola, clinc150_slice (default: both)")
+                   help="with --all-units, a subset of the sweep's tasks: cola, clinc150_slice "
+                   "(default: both)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     flags = d.add_mutually_exclusive_group()
     flags.add_argument("--resume", action="store_true",

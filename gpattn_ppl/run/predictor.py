@@ -8,17 +8,12 @@ when the run was evaluated with temperature scaling, its temperature; every file
 trained with ``--import MODULE`` needs that module imported first.
 
 For inputs :math:`x_i` and :math:`T` passes with logits :math:`\ell_{t,i}` and temperature
-:math:`\tau` (1 without temperature scaling), a prediction is
-
-.. math::
-
-    \bar p_i = \frac1T \sum_t \mathrm{softmax}(\ell_{t,i} / \tau), \quad
-    \hat y_i = \arg\max_k \bar p_{ik}, \quad \mathrm{MSP}_i = \max_k \bar p_{ik},
-
-    \mathcal H_i = -\sum_k \bar p_{ik} \log \bar p_{ik}, \quad
-    \mathrm{MI}_i = \mathcal H_i - \frac1T \sum_t \mathcal H[\mathrm{softmax}(\ell_{t,i}/\tau)]
-
-(natural logarithms; ``mutual_info`` is ``None`` for deterministic networks, which are run once).
+:math:`\tau` (1 without temperature scaling), the per-pass probabilities are
+:math:`p_{t,i} = \mathrm{softmax}(\ell_{t,i} / \tau)`; :meth:`Predictor.predict` turns them into
+one record per input with the keys ``label``, ``score``, ``probs``, ``entropy`` and
+``mutual_info`` (``None`` for one pass: a deterministic network or the posterior mean), the
+library's one prediction schema (:mod:`gpattn_ppl.metrics.records`, also the schema of
+``gpattn-ppl predict`` and of the Hugging Face pipeline).
 """
 
 from __future__ import annotations
@@ -35,7 +30,7 @@ class Predictor:
 
     Build it with :func:`load_run`.
 
-    :ivar classes: class names in index order (``probs`` keys, ``pred`` values).
+    :ivar classes: class names in index order (``probs`` keys, ``label`` values).
     :ivar temperature: the fitted temperature (1.0 when the run has none or it is disabled).
     :ivar stochastic: whether the network draws (then ``samples`` passes are averaged).
     :ivar config: the run's validated config.
@@ -91,24 +86,18 @@ class Predictor:
 
     def predict(self, inputs, *, samples: int | None = None, batch_size: int = 256,
                 seed: int = 0, mean: bool | None = None) -> list[dict]:
-        """One record per input: ``probs`` (class name -> probability), ``pred`` (class name),
-        ``entropy``, ``mutual_info`` (``None`` for deterministic networks) and ``msp``.
+        """One record per input: ``label`` (the most probable class name), ``score`` (its
+        probability), ``probs`` (class name -> probability, the mean over the passes),
+        ``entropy`` and ``mutual_info`` (``None`` for one pass: a deterministic network or
+        ``mean``), as :func:`~gpattn_ppl.metrics.prediction_records` defines them.
 
         See :meth:`predict_proba` for the arguments.
         """
+        from ..metrics.records import prediction_records
+
         p = self.predict_proba(inputs, samples=samples, batch_size=batch_size, seed=seed,
                                mean=mean)
-        p_bar = p.mean(0)
-        entropy = -torch.special.xlogy(p_bar, p_bar).sum(-1)
-        if p.shape[0] > 1:
-            mi = (entropy + torch.special.xlogy(p, p).sum(-1).mean(0)).clamp_min(0.0)
-        else:
-            mi = None
-        msp, pred = p_bar.max(-1)
-        return [{"probs": {c: float(v) for c, v in zip(self.classes, p_bar[i].tolist())},
-                 "pred": self.classes[int(pred[i])], "entropy": float(entropy[i]),
-                 "mutual_info": None if mi is None else float(mi[i]), "msp": float(msp[i])}
-                for i in range(len(p_bar))]
+        return prediction_records(p, self.classes)
 
 
 def load_run(run_dir: str | Path, *, device: str | torch.device = "cpu",

@@ -386,6 +386,34 @@ class Trainer:
                           "terms": {k: float(f"{v:.4g}") for k, v in mine.items()},
                           "ratio_to_cross_entropy": {k: float(f"{v / ce:.4g}")
                                                      for k, v in mine.items() if ce > 0}}
+            self._warn_dominating(r["path"], mine, ce)
+
+    def _warn_dominating(self, path: str, terms: dict[str, float], ce: float) -> None:
+        """Warn when a unit's objective term, at the largest weight its schedule reaches, starts
+        above the cross-entropy (e.g. KEP-SVGP's KL at 349x with weight 1): the first steps
+        would fit the regulariser, not the labels. The message gives the step-0 rule's weight
+        (:func:`~gpattn_ppl.hf.trainer.step0_weight`, what ``SwappedTrainer`` applies itself)."""
+        from ..hf.trainer import step0_weight
+        from ..ppl.objective import OBJECTIVE_WEIGHTS
+
+        if self.rank != 0 or not ce > 0:
+            return
+        for name, value in terms.items():
+            term = name.removesuffix("_global")
+            sched = (self.program.unit_schedules.get(path, {}).get(term)
+                     or self.program.schedules.get(term))
+            if sched is None or not math.isfinite(value):
+                continue
+            w = max(sched.start, sched.end)
+            if w * value > ce:
+                key = OBJECTIVE_WEIGHTS.get(term, (term,))[0]
+                warnings.warn(
+                    f"{path}: its {name} term starts at {value / ce:.3g}x the cross-entropy "
+                    f"({value:.4g} against {ce:.4g}) and its weight reaches {w:g}, so the first "
+                    f"steps fit the regulariser, not the labels; the step-0 rule gives "
+                    f"{key}: {step0_weight(ce, value):g} (set it in the swap entry's objective "
+                    "or train.objective; docs/derivations/pretrained_init.rst)",
+                    NumericsWarning, stacklevel=2)
 
     def _batches(self, generator: torch.Generator):
         """This rank's training batches of the current epoch, drawn lazily from ``generator``."""

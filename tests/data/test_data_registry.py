@@ -11,7 +11,7 @@ from gpattn_ppl.data import DATASETS, DataBundle, RawData, load_data, register_d
 
 
 def test_unknown_name_protocol_encoder_kwarg():
-    with pytest.raises(ValueError, match="allowed: cifar10, clinc150, clinc150_slice, cola, csv, "
+    with pytest.raises(ValueError, match="allowed: cifar10, clinc150, clinc150_demo, clinc150_slice, cola, csv, "
                        "image_folder, imdb, jsonl"):
         load_data("colaa")
     with pytest.raises(ValueError, match="allowed: official, 712, sto"):

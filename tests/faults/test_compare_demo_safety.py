@@ -167,16 +167,16 @@ def test_compare_reruns_over_its_own_folder_and_force_overwrites(tmp_path, tiny_
 @pytest.fixture
 def learned(monkeypatch):
     """The demo with learned embeddings (no MiniLM features: seconds)."""
-    monkeypatch.setattr("gpattn_ppl.run.demo.demo_encoder", lambda: "learned")
+    monkeypatch.setattr("gpattn_ppl.run.sweep.demo_encoder", lambda: "learned")
 
 
 def _demo(out, *flags) -> int:
-    return main(["demo", "--smoke", "--methods", "softmax", "--tasks", "cola", "--out", str(out),
-                 "--no-progress", *flags])
+    return main(["demo", "--all-units", "--smoke", "--methods", "softmax", "--tasks", "cola",
+                 "--out", str(out), "--no-progress", *flags])
 
 
 def test_demo_refuses_existing_runs_and_keeps_users_files(tmp_path, capsys, learned):
-    from gpattn_ppl.run.demo import run_demo
+    from gpattn_ppl.run.sweep import run_sweep as run_demo
 
     out = tmp_path / "d"
     run_demo(out, smoke=True, methods=["softmax"], progress=False, tasks=["cola"])

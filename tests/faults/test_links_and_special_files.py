@@ -345,7 +345,7 @@ def test_compare_out_with_a_link_is_refused_before_training(where, tiny_yaml, ou
 
 
 def test_demo_task_folder_through_a_link_is_refused(outside, tmp_path):
-    from gpattn_ppl.run.demo import run_demo
+    from gpattn_ppl.run.sweep import run_sweep as run_demo
 
     out = tmp_path / "demo"
     out.mkdir()
@@ -359,7 +359,7 @@ def test_demo_task_folder_through_a_link_is_refused(outside, tmp_path):
 
 
 def test_demo_feature_cache_through_a_link_is_refused(outside, tmp_path):
-    from gpattn_ppl.run.demo import run_demo
+    from gpattn_ppl.run.sweep import run_sweep as run_demo
 
     out = tmp_path / "demo"
     out.mkdir()

@@ -11,7 +11,7 @@ from gpattn_ppl.attention import ATTENTION
 from gpattn_ppl.hf import SWAP_KEY, SwapRecordError, from_pretrained, mc_logits, swap
 from gpattn_ppl.models import swap_attention
 
-from .hosts import SMALL, batch, tiny_classifier
+from .hosts import HOSTS, SMALL, batch, swap_warning, tiny_classifier
 
 
 @pytest.fixture(autouse=True)
@@ -85,15 +85,33 @@ def test_trained_state_round_trips(tmp_path, monkeypatch):
     assert [e["kind"] for e in loaded.config.gpattn_swap] == ["h_gumbel", "sgpa"]
 
 
+#: host -> (the layers swapped, the unit paths they give): ModernBERT's layer 0 is local
+#: (sliding-window), refused
+_PATHS = {"bert": ([0, -1], "bert.encoder.layer.{}.attention.unit"),
+          "deberta": ([0, -1], "deberta.encoder.layer.{}.attention.unit"),
+          "distilbert": ([0, -1], "distilbert.transformer.layer.{}.attention.unit"),
+          "mpnet": ([0, -1], "mpnet.encoder.layer.{}.attention.unit"),
+          "modernbert": ([-1], "model.layers.{}.attn.unit")}
+
+
 @pytest.mark.parametrize("kind", ["kep_svgp", "sgpa"])
-def test_distilbert_host_round_trips(kind, tmp_path, monkeypatch):
-    model, enc = tiny_classifier("distilbert"), batch()
-    enc = {k: v for k, v in enc.items() if k != "token_type_ids"}
-    rec = swap(model, kind, layers=[0, -1], calibration=enc, **SMALL[kind])
-    assert [r["path"] for r in rec] == ["distilbert.transformer.layer.0.attention.unit",
-                                        "distilbert.transformer.layer.1.attention.unit"]
-    loaded = _round_trip(model, tmp_path, monkeypatch)
+@pytest.mark.parametrize("host", HOSTS)
+def test_every_host_round_trips(host, kind, tmp_path, monkeypatch):
+    """swap, save_pretrained, from_pretrained on every host family: the same units at the same
+    paths, the same logits at the posterior mean and the same draws under the same seed."""
+    model, enc = tiny_classifier(host), batch()
+    layers, path = _PATHS[host]
+    with swap_warning(host):
+        rec = swap(model, kind, layers=layers, calibration=enc, **SMALL[kind])
+    assert [r["path"] for r in rec] == [path.format(i % 2) for i in layers]
+    with swap_warning(host):                   # the reload replays the swap
+        loaded = _round_trip(model, tmp_path, monkeypatch)
+    assert type(loaded) is type(model)
     assert torch.equal(_mean_logits(loaded, enc), _mean_logits(model, enc))
+    torch.manual_seed(7)
+    draws = mc_logits(model, enc, 3)
+    torch.manual_seed(7)
+    assert torch.equal(mc_logits(loaded, enc, 3), draws)
 
 
 def test_a_second_swap_of_a_layer_replays_in_order(tmp_path, monkeypatch):
@@ -190,12 +208,28 @@ def test_paths_that_do_not_replay_are_refused(tmp_path):
 
 
 def test_unrecorded_swaps_and_bad_options_are_refused():
+    """Units swapped into a part of the model that is not a PreTrainedModel (its encoder) are
+    not recorded: a later swap of the model refuses to record over them. Options JSON cannot
+    hold are refused on a PreTrainedModel; any other module swaps without a record."""
     model = tiny_classifier()
-    swap_attention(model, "sgpa", layers=[0], init="random", **SMALL["sgpa"])
-    with pytest.raises(SwapRecordError, match="use gpattn_ppl.hf.swap"):
+    swap_attention(model.bert.encoder, "sgpa", layers=[0], init="random", **SMALL["sgpa"])
+    assert getattr(model.config, SWAP_KEY, None) is None
+    with pytest.raises(SwapRecordError, match="not a transformers PreTrainedModel.*hf.swap"):
         swap(model, "kep_svgp", layers=[-1], rank=3)
     with pytest.raises(SwapRecordError, match="JSON"):
         swap(tiny_classifier(), "h_gumbel", init="random", num_centroids=torch.tensor(3))
-    with pytest.raises(TypeError, match="PreTrainedModel"):
-        swap(torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 4, 32), 1,
-                                         enable_nested_tensor=False), "softmax")
+    encoder = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 4, 32), 1,
+                                          enable_nested_tensor=False)
+    assert [r["path"] for r in swap(encoder, "softmax")] == ["layers.0.self_attn.unit"]
+    assert type(encoder) is torch.nn.TransformerEncoder
+
+
+def test_swapping_the_base_model_records_in_the_shared_config(tmp_path, monkeypatch):
+    """``swap(model.bert, ...)``: the base model and the classifier share one config, whose
+    record names the unit from the base model; the classifier saves and reloads exactly."""
+    model, enc = tiny_classifier(), batch()
+    swap(model.bert, "kep_svgp", layers=[-1], init="random", **SMALL["kep_svgp"])
+    assert model.config.gpattn_swap[0]["paths"] == ["encoder.layer.1.attention.unit"]
+    assert model.config.model_type == "gpattn_bert"
+    loaded = _round_trip(model, tmp_path, monkeypatch)
+    assert torch.equal(_mean_logits(loaded, enc), _mean_logits(model, enc))

@@ -177,8 +177,8 @@ def test_schedules_follow_the_trainers_epoch(tmp_path):
 
 
 def test_unrecorded_swaps_and_bad_labels_are_refused(tmp_path):
-    model = tiny_classifier()
-    swap_attention(model, "sgpa", layers=[-1], init="random", **SMALL["sgpa"])
+    model = tiny_classifier()      # units swapped into a part: not recorded in the config
+    swap_attention(model.bert.encoder, "sgpa", layers=[-1], init="random", **SMALL["sgpa"])
     with pytest.raises(SwapRecordError, match="gpattn_ppl.hf.swap"):
         _trainer(model, tmp_path)
     model = tiny_classifier()
@@ -196,30 +196,95 @@ def test_evaluation_averages_seeded_passes(tmp_path):
     model = tiny_classifier()
     swap(model, "kep_svgp", layers=[-1], init="random", **SMALL["kep_svgp"])
     trainer = _trainer(model, tmp_path, mc_samples=4)
+    passes = trainer.predict(dataset()[:10], per_pass=True)
+    p = torch.as_tensor(passes.predictions, dtype=torch.float64)
+    assert p.shape == (10, 4, 3)
+    torch.testing.assert_close(p.sum(-1), torch.ones(10, 4, dtype=torch.float64))
+    assert not torch.equal(p[:, 0], p[:, 1])                  # four different draws
+    # the default: the averaged probabilities [n, K] of the same (seeded) passes
     out = trainer.predict(dataset()[:10])
-    logits = torch.as_tensor(out.predictions)
-    assert logits.shape == (10, 4, 3)
-    assert not torch.equal(logits[:, 0], logits[:, 1])        # four different draws
+    assert out.predictions.shape == (10, 3)
+    np.testing.assert_allclose(out.predictions, passes.predictions.mean(1), rtol=1e-6)
+    assert out.metrics == pytest.approx({**passes.metrics, **{k: out.metrics[k] for k in
+                                         out.metrics if k.endswith(("_runtime", "per_second"))}})
     # the loss is the NLL of the averaged probabilities, the metrics are computed on them
-    p = torch.softmax(logits.double(), -1).mean(1)
-    nll = float(-p[torch.arange(10), torch.as_tensor(out.label_ids)].log().mean())
+    mean = p.mean(1)
+    nll = float(-mean[torch.arange(10), torch.as_tensor(out.label_ids)].log().mean())
     assert out.metrics["test_loss"] == pytest.approx(nll, rel=1e-4)
     assert out.metrics["test_nll"] == pytest.approx(nll, rel=1e-6)
     assert out.metrics["test_mutual_info"] > 0
     again = trainer.predict(dataset()[:10])                    # eval_seed: reproducible
     assert np.array_equal(again.predictions, out.predictions)
-    mean = _trainer(model, tmp_path, eval_mean=True).predict(dataset()[:10])
+    mean = _trainer(model, tmp_path, eval_mean=True, per_pass=True).predict(dataset()[:10])
     assert mean.predictions.shape == (10, 1, 3) and mean.metrics["test_mutual_info"] == 0
 
 
+def test_predictions_work_with_an_ordinary_compute_metrics(tmp_path):
+    """A compute_metrics that knows nothing of passes gets the averaged probabilities [n, K]
+    (argmax is the prediction); one marked per_pass gets the passes [n, S, K]."""
+    model = tiny_classifier()
+    swap(model, "sgpa", layers=[-1], init="random", **SMALL["sgpa"])
+    seen = {}
+
+    def accuracy(eval_pred):
+        preds, labels = eval_pred
+        seen["plain"] = preds.shape
+        return {"accuracy": float((preds.argmax(-1) == labels).mean())}
+
+    trainer = _trainer(model, tmp_path, mc_samples=3, compute_metrics=accuracy)
+    metrics = trainer.evaluate()
+    assert seen["plain"] == (10, 3)
+    out = trainer.predict(dataset()[:10])
+    acc = float((out.predictions.argmax(-1) == out.label_ids).mean())
+    assert metrics["eval_accuracy"] == pytest.approx(acc)
+
+    def passes(eval_pred):
+        seen["passes"] = eval_pred.predictions.shape
+        return {}
+
+    passes.per_pass = True
+    _trainer(model, tmp_path, mc_samples=3, compute_metrics=passes).evaluate()
+    assert seen["passes"] == (10, 3, 3)
+    # the default compute_metrics is marked: it sees the passes, hence the mutual information
+    assert uncertainty_metrics.per_pass is True
+    assert _trainer(model, tmp_path, mc_samples=3).evaluate()["eval_mutual_info"] > 0
+
+
+def test_eval_mean_defaults_to_the_recorded_predictive(tmp_path):
+    model = tiny_classifier()
+    swap(model, "sgpa", layers=[-1], init="random", **SMALL["sgpa"])
+    assert _trainer(model, tmp_path).eval_mean is False
+    model.config.gpattn_predictive = "mean"
+    trainer = _trainer(model, tmp_path)
+    assert trainer.eval_mean is True
+    assert trainer.predict(dataset()[:10], per_pass=True).predictions.shape == (10, 1, 3)
+    assert _trainer(model, tmp_path, eval_mean=False).eval_mean is False
+
+
+def test_multi_label_and_regression_heads_are_refused(tmp_path):
+    model = tiny_classifier()
+    swap(model, "sgpa", layers=[-1], init="random", **SMALL["sgpa"])
+    model.config.problem_type = "multi_label_classification"
+    with pytest.raises(ValueError, match="multi-label.*single-label classifier per label"):
+        _trainer(model, tmp_path)
+    model.config.problem_type = "regression"
+    with pytest.raises(ValueError, match="num_labels >= 2"):
+        _trainer(model, tmp_path)
+
+
 def test_uncertainty_metrics_on_known_passes():
-    """Two passes that disagree completely on one example: MI = log 2 - 0 there."""
+    """Two passes that disagree completely on one example: MI = log 2 - 0 there. Per-pass
+    probabilities and per-pass logits give the same metrics."""
     big = 30.0
     logits = np.array([[[big, 0.0], [0.0, big]], [[big, 0.0], [big, 0.0]]])     # [n, S, K]
     m = uncertainty_metrics((logits, np.array([0, 0])))
     assert m["mutual_info"] == pytest.approx(math.log(2) / 2, rel=1e-6)
     assert m["acc"] == 1.0
     assert set(m) == {"acc", "mcc", "nll", "ece", "entropy", "mutual_info"}
+    probs = torch.softmax(torch.as_tensor(logits), -1).numpy()
+    assert uncertainty_metrics((probs, np.array([0, 0]))) == pytest.approx(m)
+    one = uncertainty_metrics((probs.mean(1), np.array([0, 0])))       # one predictive [n, K]
+    assert one["mutual_info"] == 0 and one["nll"] == pytest.approx(m["nll"])
 
 
 def test_the_prefix_cache_is_exact_and_used(monkeypatch):

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from gpattn_ppl.errors import NumericsWarning
 from gpattn_ppl.infer.program import PyroProgram
 from gpattn_ppl.models import ConfigError, HFClassifier, build_model
 from gpattn_ppl.run.config import load_config
@@ -132,7 +133,7 @@ def test_train_predict_and_resume(tiny_checkpoint, tmp_path):
     assert step0["ratio_to_cross_entropy"]["kl"] == pytest.approx(
         step0["terms"]["kl"] / step0["cross_entropy"], rel=1e-2)
     pred = load_run(tmp_path / "run").predict(["the cat sat on the mat .", "him went store"])
-    assert len(pred) == 2 and pred[0]["pred"] in ("acceptable", "unacceptable")
+    assert len(pred) == 2 and pred[0]["label"] in ("acceptable", "unacceptable")
     # one epoch, a checkpoint, then a fresh trainer resumes: the same loss sequence
     part = Trainer(cfg, tmp_path / "part")
     part._write_static()
@@ -182,7 +183,40 @@ def test_step0_terms_leave_the_random_state(tiny_checkpoint, tmp_path):
     path = next(iter(tr.net.attention_units()))
     before = torch.get_rng_state()
     records = [{"path": path}]
-    tr._step0_terms(b, records)
+    with pytest.warns(NumericsWarning, match="step-0 rule"):    # KL at weight 1 dominates
+        tr._step0_terms(b, records)
     assert torch.equal(torch.get_rng_state(), before)
     assert set(records[0]["step0"]["terms"]) == {"kl", "ksvd_loss"}
     assert records[0]["step0"]["terms"]["kl"] > 0
+
+
+def test_a_dominating_term_is_warned_at_step_0_on_the_yaml_path(tiny_checkpoint, tmp_path):
+    """arch: hf without objective weights: KEP-SVGP's KL (weight 1) starts far above the
+    cross-entropy; the library trainer warns with the step-0 rule's weight, as SwappedTrainer
+    applies it. With that weight given, no warning."""
+    import warnings
+
+    from gpattn_ppl.hf.trainer import step0_weight
+    from gpattn_ppl.run.experiment import Trainer
+
+    def cfg(objective):
+        return {"model": {"arch": "hf", "checkpoint": str(tiny_checkpoint),
+                          "swap": [{"layers": [-1], "objective": objective,
+                                    "attention": {"kind": "kep_svgp", "rank": 3}}]},
+                "data": {"name": "cola", "encoder": "hf", "max_len": 16, "batch_size": 8,
+                         "limit_train": 16, "limit_eval": 8},
+                "train": {"epochs": 1, "progress": False}}
+
+    tr = Trainer(cfg({}), tmp_path / "run")
+    b = tr.bundle.train.batch(torch.arange(8))
+    path = next(iter(tr.net.attention_units()))
+    records = [{"path": path}]
+    with pytest.warns(NumericsWarning, match=r"its kl term starts at .*x the cross-entropy") as got:
+        tr._step0_terms(b, records)
+    step0 = records[0]["step0"]
+    rule = step0_weight(step0["cross_entropy"], step0["terms"]["kl"])
+    assert any(f"kl_weight: {rule:g}" in str(w.message) for w in got)
+    tr = Trainer(cfg({"kl_weight": rule, "ksvd_weight": 1e-9}), tmp_path / "quiet")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NumericsWarning)
+        tr._step0_terms(b, [{"path": path}])

@@ -40,8 +40,8 @@ def test_every_subcommand_and_argument_has_help_and_every_subcommand_an_example(
     for action in parser._actions:
         assert action.help, action
     sub = _subparsers(parser)
-    assert set(sub.choices) == {"train", "evaluate", "predict", "plot", "explain", "compare",
-                                "bench", "demo"}
+    assert set(sub.choices) == {"train", "evaluate", "predict", "export", "plot", "explain",
+                                "compare", "bench", "demo"}
     for name, p in sub.choices.items():
         assert p.description and "example:" in (p.epilog or ""), name
         for action in p._actions:

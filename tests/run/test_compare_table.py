@@ -4,7 +4,7 @@ ensembles per block of seeds, and the demo's closing verdict."""
 import pytest
 
 from gpattn_ppl.run.compare import format_markdown, significantly_better, summarise
-from gpattn_ppl.run.demo import verdict
+from gpattn_ppl.run.sweep import verdict
 
 
 def _result(nll, ece, mcc, aurocs, ts=None):

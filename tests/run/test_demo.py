@@ -1,9 +1,11 @@
-"""The demo (main job) at smoke size: both tasks' tables, plots and verdicts; runs in --out
-refused by default, --resume re-uses them, --force retrains them."""
+"""The sweep (``demo --all-units``) at smoke size: both tasks' tables, plots and verdicts; runs
+in --out refused by default, --resume re-uses them, --force retrains them. The main job (the
+fine-tuned recipe) is tests/run/test_demo_recipe.py."""
 
 import pytest
 
-from gpattn_ppl.run.demo import DEMO_TASKS, demo_methods, laplace_available, run_demo, verdict
+from gpattn_ppl.run.sweep import DEMO_TASKS, demo_methods, laplace_available, verdict
+from gpattn_ppl.run.sweep import run_sweep as run_demo
 
 
 def test_every_registered_kind_is_in_the_demo():

@@ -49,7 +49,7 @@ def test_explain_numbers_and_figure(trained, tmp_path, drawn):
     # the probabilities, entropy and MI of `predict` with the same seed and temperature
     rec = predictor.predict([TEXT], seed=3)[0]
     assert r["samples"] == 4 and r["temperature"] == predictor.temperature != 1.0
-    assert r["pred"] == rec["pred"]
+    assert r["label"] == rec["label"] and r["score"] == pytest.approx(rec["score"], abs=1e-12)
     for c, p in rec["probs"].items():
         assert r["probs"][c] == pytest.approx(p, abs=1e-12)
     assert r["entropy"] == pytest.approx(rec["entropy"], abs=1e-12)

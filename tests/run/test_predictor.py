@@ -7,12 +7,13 @@ import torch
 import yaml
 
 from gpattn_ppl import load_run
+from gpattn_ppl.metrics import PREDICTION_KEYS
 from gpattn_ppl.run.cli import main
 from gpattn_ppl.run.experiment import Trainer
 from gpattn_ppl.run.predictor import read_inputs
 from gpattn_ppl.run.rundir import RunFolderError
 
-FIELDS = ["text", "probs", "pred", "entropy", "mutual_info", "msp"]
+FIELDS = ["text", "label", "score", "probs", "entropy", "mutual_info"]
 
 
 # -- reading inputs ----------------------------------------------------------------------------
@@ -86,11 +87,12 @@ def test_predictions_match_the_evaluated_test_set(trained):
 def test_records_are_consistent(trained):
     records = load_run(trained).predict(["The cat sat on the mat.", "Mat the on sat cat the."])
     for r in records:
-        assert list(r) == ["probs", "pred", "entropy", "mutual_info", "msp"]
+        assert list(r) == ["label", "score", "probs", "entropy", "mutual_info"]
+        assert tuple(r) == PREDICTION_KEYS       # the one schema (gpattn_ppl.metrics.records)
         p = torch.tensor(list(r["probs"].values()), dtype=torch.float64)
         assert abs(float(p.sum()) - 1) < 1e-9
-        assert r["pred"] == max(r["probs"], key=r["probs"].get)
-        assert r["msp"] == pytest.approx(float(p.max()))
+        assert r["label"] == max(r["probs"], key=r["probs"].get)
+        assert r["score"] == pytest.approx(float(p.max()))
         assert r["entropy"] == pytest.approx(float(-(p * p.log()).sum()))
         assert r["mutual_info"] is None  # softmax is deterministic: one pass
 
