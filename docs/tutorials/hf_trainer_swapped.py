@@ -181,6 +181,16 @@ before = trainer.evaluate()
 print("trained :", show(before))
 
 # %%
+# ``trainer.predict`` returns the probabilities averaged over the passes, ``[n, K]``, so
+# ``argmax(-1)`` and a ``compute_metrics`` written for a plain classifier work as they are;
+# ``per_pass=True`` gives the ``[n, S, K]`` per-pass probabilities.
+
+out = trainer.predict(test_set)
+probs = out.predictions
+print("predict:", probs.shape, "rows sum to", round(float(probs.sum(-1).mean()), 4),
+      "accuracy", round(float((probs.argmax(-1) == out.label_ids).mean()), 4))
+
+# %%
 # Save and reload
 # ---------------
 #

@@ -278,7 +278,7 @@ class SwappedTrainer(transformers.Trainer):
                 per_pass: bool | None = None):
         """``Trainer.predict``: ``predictions`` are the averaged probabilities ``[n, K]``, or
         the per-pass probabilities ``[n, S, K]`` with ``per_pass=True`` (default: the trainer's
-        ``per_pass``); ``metrics`` as :meth:`evaluate` with the prefix ``test_``."""
+        ``per_pass``); ``metrics`` as ``evaluate()`` with the prefix ``test_``."""
         self._per_pass_now = self.per_pass if per_pass is None else bool(per_pass)
         try:
             return super().predict(test_dataset, ignore_keys=ignore_keys,

@@ -103,8 +103,19 @@ def _rows(results: dict[str, dict]) -> list[tuple[str, dict]]:
         rows.append((name, r))
         for key, suffix in (("ts", "TS"), ("laplace", "LLA")):
             if key in r:
-                rows.append((f"{name} + {suffix}", {**r, **r[key]}))
+                edge = " (= MAP: prior at its grid's top)" if key == "laplace" and _at_edge(
+                    r[key]) else ""
+                rows.append((f"{name} + {suffix}{edge}", {**r, **r[key]}))
     return rows
+
+
+def _at_edge(laplace: dict) -> bool:
+    """Whether a last-layer Laplace's validation-chosen prior left it at the MAP: its validation
+    NLL equals the MAP network's (the prior at the top of its grid, or on the plateau below it),
+    so the row is the untempered network's."""
+    nll, at_map = laplace.get("val_nll"), laplace.get("val_nll_map")
+    return nll is not None and at_map is not None and abs(nll - at_map) <= 1e-6 * max(
+        1.0, abs(at_map))
 
 
 def _auroc(r: dict, ood_set: str, det: str | None = None) -> tuple[float | None, str | None]:
@@ -122,7 +133,7 @@ def _f(v, fmt=".3f") -> str:
 
 
 def recipe_table(results: dict[str, dict], cost_ms: dict[str, float] | None = None) -> str:
-    """The demo's markdown table: a row per method and post-hoc variant (:func:`_rows`).
+    """The demo's markdown table: a row per method and post-hoc variant (softmax, + TS, + LLA per method).
 
     :param results: method -> its ``results.json`` (``"cgpt_mc"``: CGPT's Monte-Carlo
         evaluation).
@@ -337,7 +348,9 @@ def run_demo(out_dir: str | Path = "demo_out", *, smoke: bool = False, seed: int
     table = recipe_table(results, cost)
     sentences = [s for s in (
         _sentence(results, "CGPT (mean) + TS", "softmax", "softmax + TS"),
-        _sentence(results, "CGPT (mean) + TS", "softmax", "softmax + LLA"),
+        *[_sentence(results, "CGPT (mean) + TS", "softmax", name) for name, _ in _rows(
+            {"softmax": results["softmax"]} if "softmax" in results else {})
+          if name.startswith("softmax + LLA")],
         _sentence(results, "CGPT (mean) + TS", "sngp", "SNGP + TS")) if s]
     figure = _figure(out_dir, seed, chosen)
     about = ("all-MiniLM-L6-v2 fine-tuned in its top layer on the bundled CLINC150 demo slice "

@@ -123,8 +123,8 @@ class SavedModelPredictor(Predictor):
         return self.model
 
     def encode(self, texts: list[str]) -> dict:
-        """The model's keyword inputs for ``texts`` (padded, truncated to :attr:`max_length`),
-        on :attr:`device`."""
+        """The model's keyword inputs for ``texts`` (padded, truncated to ``max_length``),
+        on ``device``."""
         enc = self.tokenizer(list(texts), padding=True, truncation=True,
                              max_length=self.max_length, return_tensors="pt")
         return {k: enc[k].to(self.device) for k in self._inputs if k in enc}

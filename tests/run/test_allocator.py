@@ -42,11 +42,14 @@ def test_opting_out_leaves_the_allocator_alone(monkeypatch):
 def test_kept_memory_is_not_faulted_in_again():
     """A CGPT training step (N = 128, 1 MiB kernel matrices): with glibc's defaults its freed
     memory goes back to the system and is faulted in again in later steps (measured over steps
-    7-16: hundreds to thousands of page faults per step); with the policy it is reused (0 to a
-    few hundred in steady state)."""
+    7-16: up to thousands of page faults per step, or none when glibc's heuristics keep it);
+    with the policy it is reused (0 to a few hundred in steady state)."""
     faults = {}
     for policy in ("system", "keep"):
         out = subprocess.run([sys.executable, "-c", _FAULTS, policy], capture_output=True,
                              text=True, check=True)
         faults[policy] = float(out.stdout.strip())
-    assert faults["keep"] < faults["system"] / 2, faults
+    # glibc's own heuristics (its dynamic mmap threshold) sometimes keep the memory too, so the
+    # default is not always worse (measured: system 0.0 to thousands per step); with the policy
+    # a step never faults its ~1 MiB matrices in again (measured 0.1 to 211 per step)
+    assert faults["keep"] < max(500.0, faults["system"] / 2), faults
