@@ -339,30 +339,26 @@ def _build_clinc150(*, protocol: str, root, split_seed: int, cache_dir) -> RawDa
     return _build(Path(root).expanduser(), protocol, split_seed, {"licence": _LICENCE})
 
 
-@register_dataset("clinc150_slice", protocols=("standard", "near_ood"), modality="text",
-                  select_metric="acc")
-def _build_clinc150_slice(*, protocol: str, root, split_seed: int, cache_dir) -> RawData:
-    if root is not None:
-        raise ValueError(f"clinc150_slice reads the slice shipped with the package and takes no "
-                         f"root (data.root), got {root!r}; for the full release in a folder use "
-                         "the dataset clinc150 with data.root")
-    return _build(bundled_clinc150_slice_root(), protocol, split_seed,
-                  {"licence": _LICENCE + "; a 10-intent slice, see its SOURCE.md"})
+def _register_bundled(name: str, root_of, about: str) -> None:
+    """Register a slice shipped inside the package as dataset ``name`` (it takes no root)."""
+
+    @register_dataset(name, protocols=("standard", "near_ood"), modality="text",
+                      select_metric="acc")
+    def build(*, protocol: str, root, split_seed: int, cache_dir) -> RawData:
+        if root is not None:
+            raise ValueError(f"{name} reads the slice shipped with the package and takes no "
+                             f"root (data.root), got {root!r}; for the full release in a folder "
+                             "use the dataset clinc150 with data.root")
+        return _build(root_of(), protocol, split_seed,
+                      {"licence": f"{_LICENCE}; {about}, see its SOURCE.md"})
 
 
-@register_dataset("clinc150_demo", protocols=("standard", "near_ood"), modality="text",
-                  select_metric="acc")
-def _build_clinc150_demo(*, protocol: str, root, split_seed: int, cache_dir) -> RawData:
-    if root is not None:
-        raise ValueError(f"clinc150_demo reads the slice shipped with the package and takes no "
-                         f"root (data.root), got {root!r}; for the full release in a folder use "
-                         "the dataset clinc150 with data.root")
-    return _build(bundled_clinc150_demo_root(), protocol, split_seed,
-                  {"licence": _LICENCE + "; the demo's 30-intent slice, see its SOURCE.md"})
+_register_bundled("clinc150_slice", bundled_clinc150_slice_root, "a 10-intent slice")
+_register_bundled("clinc150_demo", bundled_clinc150_demo_root, "the demo's 30-intent slice")
 
 
 def _build(root: Path, protocol: str, split_seed: int, info: dict) -> RawData:
-    """``clinc150`` / ``clinc150_slice`` from the release's files in ``root`` (module
+    """``clinc150`` and the bundled slices from the release's files in ``root`` (module
     docstring: the protocols)."""
     files = read_clinc150(root, domains=protocol == "near_ood")
     classes = sorted(set(files["train"][1]))
