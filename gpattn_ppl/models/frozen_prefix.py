@@ -64,8 +64,9 @@ class FrozenPrefix:
         blocks are frozen.
     :param blocks: the frozen blocks in order (the modules the encoder's layer loop calls),
         at least one.
-    :param max_bytes: the most the kept states of this fingerprint may hold; past it, new rows
-        are computed and not kept (the cache never evicts: an epoch sees the same rows again).
+    :param max_bytes: the most the kept states of the process may hold, all fingerprints
+        together; past it, new rows are computed and not kept (the cache never evicts: an epoch
+        sees the same rows again; :meth:`clear` frees a fingerprint's rows).
 
     The frozen weights must not change while rows are kept: the fingerprint
     (:func:`prefix_fingerprint`) is taken when the cache is made, and models built later with
@@ -141,7 +142,7 @@ class FrozenPrefix:
                 row = h[j][mask[i]].clone()
                 rows[i] = row
                 size = row.numel() * row.element_size()
-                if self.bytes + size <= self.max_bytes:
+                if sum(_SHARED_BYTES.values()) + size <= self.max_bytes:   # all fingerprints
                     self.rows[keys[i]] = row
                     _SHARED_BYTES[self.fingerprint] = self.bytes + size
         out = torch.zeros(*x.shape, rows[0].shape[-1], dtype=rows[0].dtype, device=x.device)
