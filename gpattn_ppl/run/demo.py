@@ -249,8 +249,11 @@ def _test_cost(out_dir: Path, methods: list[str], seed: int, n: int = 128,
             prefix = getattr(p.program.net, "prefix", None)
             if prefix is not None:
                 prefix.clear()
+            # the Monte-Carlo copy keeps the trained run's config (predictive: mean): ask for
+            # its T passes explicitly
+            samples = p.config["eval"]["mc_samples"] if m == _MC else None
             t = time.perf_counter()
-            p.predict_proba(texts, batch_size=32)
+            p.predict_proba(texts, batch_size=32, samples=samples)
             times[m].append(1e3 * (time.perf_counter() - t) / len(texts))
     return {m: statistics.median(v) for m, v in times.items()}
 
